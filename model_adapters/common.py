@@ -1,0 +1,154 @@
+"""Math shared by the LLaDA and Dream families: RMSNorm, rotate-half RoPE, attention per layout,
+and the one composition of a pre-norm block that both ``forward()`` and the engine use.
+
+A block class only maps names: it implements ``attn_norm``, ``project_qkv``, ``project_out``,
+``ffn_norm``, ``mlp_gate_up`` and ``mlp_down``; :func:`block_forward` composes them. So the
+Hugging Face calling convention and the engine's layer-by-layer loop run the same code.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from seer_runtime.layout import PackedLayout, PaddedLayout, Taps
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm as LLaDA and Dream compute it: in fp32, cast back to the input dtype, then x weight."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(dtype)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 cos/sin of rotate-half RoPE for int positions ``[...]`` -> ``[..., head_dim]`` each.
+
+    inv_freq = 1 / theta^(2j/d); angles = position * inv_freq, concatenated twice (NeoX layout).
+    """
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim))
+    freqs = positions.to(torch.float32)[..., None] * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, full_precision: bool) -> torch.Tensor:
+    """Rotate ``x [..., tokens, heads, d]`` with ``cos/sin [..., tokens, d]`` (broadcast over heads).
+
+    full_precision=True (LLaDA, ``rope_full_precision``): rotate in fp32, cast back.
+    full_precision=False (Dream): cast cos/sin to x's dtype and rotate in that dtype.
+    """
+    cos = cos.unsqueeze(-2)
+    sin = sin.unsqueeze(-2)
+    if full_precision:
+        xf = x.float()
+        return (xf * cos + rotate_half(xf) * sin).to(x.dtype)
+    cos = cos.to(x.dtype)
+    sin = sin.to(x.dtype)
+    return x * cos + rotate_half(x) * sin
+
+
+def _sdpa_padded(q, k, v, key_mask, scale=None):
+    """q [B, L, H, d], k/v [B, Lk, Hk, d], key_mask [B, Lk] bool or None -> [B, L, H, d]."""
+    heads, kv_heads = q.shape[2], k.shape[2]
+    q_, k_, v_ = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    if kv_heads != heads:
+        k_ = k_.repeat_interleave(heads // kv_heads, dim=1)
+        v_ = v_.repeat_interleave(heads // kv_heads, dim=1)
+    mask = None if key_mask is None else key_mask[:, None, None, :]
+    out = F.scaled_dot_product_attention(q_, k_, v_, attn_mask=mask, dropout_p=0.0, is_causal=False, scale=scale)
+    return out.transpose(1, 2)
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    layout: PaddedLayout | PackedLayout,
+    *,
+    prefix_k: torch.Tensor | None = None,
+    prefix_v: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Bidirectional attention of this forward's queries over (prefix keys +) its own keys.
+
+    Padded: q [B, L, H, d], k/v [B, L, Hk, d], prefix_k/v [B, Lp, Hk, d] -> [B, L, H, d].
+    Packed: q [T, H, d], k/v [T, Hk, d], prefix_k/v [Tp, Hk, d] packed -> [T, H, d], through
+    ``seer_kernels.varlen_attention`` (flash-attention's varlen convention).
+    """
+    if isinstance(layout, PaddedLayout):
+        if prefix_k is not None:
+            k = torch.cat([prefix_k, k], dim=1)
+            v = torch.cat([prefix_v, v], dim=1)
+        return _sdpa_padded(q, k, v, layout.key_mask)
+    from seer_kernels import varlen_attention
+
+    if prefix_k is not None:
+        if layout.key_index is None:
+            raise ValueError("a packed layout with a prefix cache needs layout.key_index")
+        k = torch.cat([prefix_k, k], dim=0).index_select(0, layout.key_index)
+        v = torch.cat([prefix_v, v], dim=0).index_select(0, layout.key_index)
+    return varlen_attention(
+        q, k, v, layout.cu_seqlens_q, layout.cu_seqlens_k, layout.max_seqlen_q, layout.max_seqlen_k
+    )
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor, taps: Taps | None) -> torch.Tensor:
+    """silu(gate) * up, measuring its sparsity in the same pass when a tap asks for it."""
+    if taps is not None and taps.mlp_sparsity_eps is not None:
+        from seer_kernels import swiglu_sparsity
+
+        act, sparsity = swiglu_sparsity(gate, up, taps.mlp_sparsity_eps)
+        taps.mlp_sparsity = sparsity
+    else:
+        act = F.silu(gate) * up
+    if taps is not None and taps.keep_mlp_act:
+        taps.mlp_act = act
+    return act
+
+
+def block_forward(
+    block: nn.Module,
+    hidden: torch.Tensor,
+    layout: PaddedLayout | PackedLayout,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    rope_full_precision: bool,
+    prefix_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+    taps: Taps | None = None,
+) -> torch.Tensor:
+    """One pre-norm block: x + attn(attn_norm(x)); x + mlp(ffn_norm(x)).
+
+    hidden [B, L, D] (padded) or [T, D] (packed); cos/sin fp32 for the query positions, shaped
+    like hidden without its last dim plus head_dim. prefix_kv: this layer's cached prefix
+    (rotated keys, values) in the layout's form. Returns the new hidden state, same shape.
+    """
+    x_n = block.attn_norm(hidden)
+    q, k, v = block.project_qkv(x_n)
+    q = apply_rope(q, cos, sin, full_precision=rope_full_precision)
+    k = apply_rope(k, cos, sin, full_precision=rope_full_precision)
+    if taps is not None and taps.keep_kv:
+        taps.kv = (k, v)
+    pk, pv = prefix_kv if prefix_kv is not None else (None, None)
+    ctx = attention(q, k, v, layout, prefix_k=pk, prefix_v=pv)
+    ctx = ctx.reshape(*ctx.shape[:-2], -1)
+    if taps is not None and taps.keep_attn_ctx:
+        taps.attn_ctx = ctx
+    hidden = hidden + block.project_out(ctx)
+    h = block.ffn_norm(hidden)
+    gate, up = block.mlp_gate_up(h)
+    return hidden + block.mlp_down(swiglu(gate, up, taps))
