@@ -42,10 +42,13 @@ class PaddedLayout:
     positions: int64 ``[B, L]`` RoPE positions of the query tokens.
     key_mask:  bool ``[B, Lk]`` (True = a real key) over the keys this forward attends to,
                ``Lk = prefix length + L``; ``None`` when nothing is padded.
+    attn_mask: optional bool ``[B, 1, L, Lk]`` (True = may attend) replacing ``key_mask``, for
+               masks that differ per query, e.g. a prefix-LM mask in training.
     """
 
     positions: torch.Tensor
     key_mask: torch.Tensor | None = None
+    attn_mask: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:

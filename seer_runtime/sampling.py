@@ -1,0 +1,209 @@
+"""Token choice and remasking for one denoising step, per model family.
+
+LLaDA family (LLaDA generate.py, MMaDA ``mmu_generate``, LaViDa-LLaDA): Gumbel-max in float64,
+confidence by low_confidence / random / margin / entropy, top-k per row inside the current
+block. Dream family (``diffusion_generate``, LaViDa-Dream): temperature / top-p / top-k
+sampling, algorithms origin / maskgit_plus / topk_margin / entropy, optional ``alg_temp``.
+
+The functions work on the response window only (``[R, W, V]`` logits of the rows being
+decoded). ``RandomSource`` supplies uniform draws either from torch's global generator in the
+reference's order (reference-equal under a seed) or from one generator per request
+(batch-invariant).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributions as dists
+import torch.nn.functional as F
+
+NEG_INF = float("-inf")
+
+
+class RandomSource:
+    """Uniform draws for one step. ``rows`` are the global request indices of the decoded rows.
+
+    mode "global": one draw over the reference's full shape from torch's global generator, sliced
+    to the window (``full_shape`` and ``window`` give the reference layout).
+    mode "per_request": each row draws from its own generator (created once, seeded seed + index).
+    """
+
+    def __init__(self, mode: str, generators: list[torch.Generator] | None = None):
+        self.mode = mode
+        self.generators = generators
+
+    def uniform(self, rows: list[int], shape_per_row: tuple[int, ...], *, dtype=torch.float32,
+                device=None, full_len: int | None = None, offset: int = 0) -> torch.Tensor:
+        """Uniform [0, 1) draws ``[len(rows), *shape_per_row]``.
+
+        Global mode draws ``[len(rows), full_len, *shape_per_row[1:]]`` (the reference's tensor
+        covers prompt + window) and keeps positions ``offset : offset + shape_per_row[0]``.
+        """
+        if self.mode == "global":
+            if full_len is None:
+                return torch.rand((len(rows), *shape_per_row), dtype=dtype, device=device)
+            full = torch.rand((len(rows), full_len, *shape_per_row[1:]), dtype=dtype, device=device)
+            return full[:, offset: offset + shape_per_row[0]]
+        return torch.stack([
+            torch.rand(shape_per_row, dtype=dtype, generator=self.generators[r], device="cpu") for r in rows
+        ]).to(device)
+
+    def categorical(self, rows_of_items: torch.Tensor, probs: torch.Tensor, row_ids: list[int]) -> torch.Tensor:
+        """One categorical sample per item ``probs [N, V]``; ``rows_of_items [N]`` = batch row of each."""
+        if self.mode == "global":
+            return dists.Categorical(probs=probs).sample()
+        out = torch.empty(probs.shape[0], dtype=torch.long, device=probs.device)
+        for local, r in enumerate(row_ids):
+            sel = (rows_of_items == local).nonzero().flatten()
+            if sel.numel():
+                draw = torch.multinomial(probs[sel].cpu().float(), 1, generator=self.generators[r]).flatten()
+                out[sel] = draw.to(probs.device)
+        return out
+
+    def multinomial(self, weights: torch.Tensor, k: int, row: int) -> torch.Tensor:
+        if self.mode == "global":
+            return torch.multinomial(weights, num_samples=k)
+        return torch.multinomial(weights.cpu(), num_samples=k, generator=self.generators[row]).to(weights.device)
+
+
+def select_topk(conf: torch.Tensor, k: int, *, tie_break: str, pad: int = 0) -> torch.Tensor:
+    """Indices of the ``k`` largest of ``conf [W]``.
+
+    tie_break "reference": ``torch.topk`` on the reference's vector, which has ``pad`` entries of
+    -inf (the prompt) in front; "stable": the leftmost among equals.
+    """
+    if k <= 0:
+        return torch.empty(0, dtype=torch.long, device=conf.device)
+    if tie_break == "stable":
+        return torch.sort(conf, descending=True, stable=True).indices[:k]
+    if pad:
+        conf = torch.cat([conf.new_full((pad,), NEG_INF), conf])
+    return torch.topk(conf, k).indices - pad
+
+
+# ------------------------------------------------------------------------------ LLaDA family
+def add_gumbel_noise(logits: torch.Tensor, temperature: float, uniform: torch.Tensor) -> torch.Tensor:
+    """LLaDA's Gumbel-max in float64: exp(logits) / (-log u)^T (argmax == argmax of logits + T*Gumbel)."""
+    logits = logits.to(torch.float64)
+    return logits.exp() / (-torch.log(uniform)) ** temperature
+
+
+def llada_step(
+    logits: torch.Tensor,
+    window: torch.Tensor,
+    masked: torch.Tensor,
+    block_end: torch.Tensor,
+    counts: list[int],
+    *,
+    rows: list[int],
+    temperature: float,
+    remasking: str,
+    eos_id: int,
+    eot_id: int,
+    logits_eos_inf: bool,
+    confidence_eos_eot_inf: bool,
+    softmax_fp64: bool,
+    tie_break: str,
+    pad: int,
+    rand: RandomSource,
+    full_len: int | None,
+) -> torch.Tensor:
+    """Commit ``counts[r]`` tokens in each row; returns the updated window ``[R, W]``.
+
+    logits [R, W, V] (after guidance); window [R, W] current tokens; masked [R, W] bool (masked
+    and inside the row's window); block_end [R]: positions >= block_end are outside the current
+    block. ``pad``/``full_len`` describe the reference's layout (prompt positions in front).
+    """
+    logits = logits.clone()
+    if logits_eos_inf:
+        logits[..., eos_id] = NEG_INF
+    if temperature > 0:
+        uniform = rand.uniform(rows, tuple(logits.shape[1:]), dtype=torch.float64, device=logits.device,
+                               full_len=full_len, offset=pad)
+        noisy = add_gumbel_noise(logits, temperature, uniform)
+    else:
+        noisy = logits
+    x0 = noisy.argmax(dim=-1)
+    if confidence_eos_eot_inf:
+        # As the reference writes it: EOS into the noisy logits (the same tensor as the clean
+        # ones at temperature 0), end-of-turn into the clean logits.
+        noisy[..., eos_id] = NEG_INF
+        logits[..., eot_id] = NEG_INF
+    if remasking == "low_confidence":
+        p = F.softmax(logits.to(torch.float64) if softmax_fp64 else logits, dim=-1)
+        conf = torch.gather(p, -1, x0.unsqueeze(-1)).squeeze(-1)
+    elif remasking == "random":
+        conf = rand.uniform(rows, tuple(x0.shape[1:]), device=x0.device, full_len=full_len, offset=pad)
+    elif remasking == "entropy":
+        p = F.softmax(logits.to(torch.float64), dim=-1)
+        conf = (p * torch.log(p + 1e-10)).sum(-1)
+    elif remasking == "margin":
+        p = F.softmax(logits.to(torch.float64), dim=-1)
+        top2 = torch.topk(p, 2, dim=-1).values
+        conf = top2[..., 0] - top2[..., 1]
+    else:
+        raise ValueError(f"remasking {remasking!r} is not an LLaDA-family strategy")
+    positions = torch.arange(window.shape[1], device=window.device)
+    conf = conf.masked_fill(positions[None, :] >= block_end[:, None], NEG_INF)
+    conf = torch.where(masked, conf, torch.full_like(conf, NEG_INF))
+    x0 = torch.where(masked, x0, window)
+    out = window.clone()
+    for r, k in enumerate(counts):
+        idx = select_topk(conf[r], int(k), tie_break=tie_break, pad=pad)
+        out[r, idx] = x0[r, idx]
+    return out
+
+
+# ------------------------------------------------------------------------------ Dream family
+def _top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    sorted_logits, sorted_idx = torch.sort(logits, descending=True)
+    cum = torch.cumsum(F.softmax(sorted_logits, dim=-1), dim=-1)
+    remove = cum > top_p
+    remove[..., 1:] = remove[..., :-1].clone()
+    remove[..., 0] = False
+    mask = torch.zeros_like(logits, dtype=torch.bool).scatter_(-1, sorted_idx, remove)
+    return logits.masked_fill(mask, torch.finfo(logits.dtype).min)
+
+
+def _top_k(logits: torch.Tensor, top_k: int) -> torch.Tensor:
+    top_k = min(top_k, logits.size(-1))
+    kth = torch.topk(logits, top_k)[0][..., -1, None]
+    return logits.masked_fill(logits < kth, torch.finfo(logits.dtype).min)
+
+
+def dream_sample_tokens(
+    logits: torch.Tensor,
+    *,
+    temperature: float,
+    top_p: float | None,
+    top_k: int | None,
+    confidence: str,
+    rand: RandomSource,
+    item_rows: torch.Tensor,
+    row_ids: list[int],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dream's ``sample_tokens`` on ``logits [N, V]`` -> (confidence [N], tokens [N]).
+
+    confidence: "prob" (maskgit_plus / origin), "margin" (topk_margin) or "neg_entropy".
+    """
+    if temperature > 0:
+        logits = logits / temperature
+    if top_p is not None and top_p < 1:
+        logits = _top_p(logits, top_p)
+    if top_k is not None:
+        logits = _top_k(logits, top_k)
+    probs = torch.softmax(logits, dim=-1)
+    if temperature > 0 and probs.shape[0]:
+        try:
+            x0 = rand.categorical(item_rows, probs, row_ids)
+            conf = torch.gather(probs, -1, x0.unsqueeze(-1)).squeeze(-1)
+        except (RuntimeError, ValueError):  # Dream's own fallback on an invalid distribution
+            conf, x0 = probs.max(dim=-1)
+    else:
+        conf, x0 = probs.max(dim=-1)
+    if confidence == "margin":
+        top2 = torch.sort(probs, dim=-1, descending=True).values
+        conf = top2[:, 0] - top2[:, 1]
+    elif confidence == "neg_entropy":
+        conf = torch.sum(probs * torch.log(probs + 1e-10), dim=-1)
+    return conf, x0
