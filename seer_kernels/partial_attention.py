@@ -1,0 +1,625 @@
+"""DyLLM partial attention: exact rows for salient queries, a sparse ``P[:, A] @ dV`` update for the rest.
+
+In a DyLLM sparse step only the salient rows ``A`` got new K/V at this layer, and ``V``
+changed there by ``dV = V_new[A] - V_old[A]``. For a query row ``i`` that is not salient,
+``C_i ~= C_cache_i + sum_{j in A} P_ij dV_j`` with ``P_i = softmax(q_i K^T * scale)`` taken
+over **all** keys of the row's sequence: the normaliser needs every key (an online max/sum
+pass over ``QK^T``), but the ``P @ V`` product touches only the ``|A|`` salient columns.
+Salient query rows get exact attention ``softmax(q K^T * scale) V``.
+
+Kernels:
+
+1. ``_order_queries_kernel`` (one program per sequence) writes a permutation of each
+   sequence's query rows with the salient rows first, so that query blocks are (all but one
+   per sequence) purely salient or purely non-salient.
+2. ``_partial_attention_kernel`` (one program per query block, sequence and head): the
+   online-softmax pass over all keys of the sequence, accumulating ``P @ V`` only when the
+   block holds a salient row; then, when the block holds a non-salient row, a pass over the
+   salient keys of the sequence (found by binary search in the ascending index) that
+   recomputes their scores and accumulates ``P[:, A] @ dV``. So ``QK^T`` costs
+   ``O(Tq * Tk * d)`` as in dense attention, but ``P @ V`` costs ``O(|A_q| * Tk * d + Tq *
+   |A_k| * d)`` up to the block granularity.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from . import _dispatch
+
+_CONFIGS = _dispatch.single_config_when_interpreting(
+    [
+        # first entry: the one the interpreter uses (smallest legal tl.dot tiles)
+        triton.Config({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_S": 16}, num_warps=4, num_stages=1),
+        triton.Config({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_S": 32}, num_warps=4, num_stages=2),
+        triton.Config({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_S": 64}, num_warps=4, num_stages=3),
+        triton.Config({"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_S": 32}, num_warps=8, num_stages=2),
+        triton.Config({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_S": 64}, num_warps=8, num_stages=2),
+        triton.Config({"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_S": 64}, num_warps=4, num_stages=2),
+    ]
+)
+
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _order_queries_kernel(mask_ptr, cu_q_ptr, order_ptr, BLOCK: tl.constexpr):
+    b = tl.program_id(0)
+    qs = tl.load(cu_q_ptr + b).to(tl.int64)
+    qe = tl.load(cu_q_ptr + b + 1).to(tl.int64)
+    offs = tl.arange(0, BLOCK).to(tl.int64)
+    n_sal = tl.zeros((), dtype=tl.int64)
+    n_non = tl.zeros((), dtype=tl.int64)
+    for start in range(qs, qe, BLOCK):
+        rows = start + offs
+        live = rows < qe
+        sal = tl.load(mask_ptr + rows, mask=live, other=0) != 0
+        fs = (live & sal).to(tl.int64)
+        fn = (live & (~sal)).to(tl.int64)
+        # salient rows fill the sequence's slots from the front, the others from the back
+        tl.store(order_ptr + qs + n_sal + tl.cumsum(fs, axis=0) - 1, rows.to(tl.int32), mask=fs != 0)
+        tl.store(order_ptr + qe - n_non - tl.cumsum(fn, axis=0), rows.to(tl.int32), mask=fn != 0)
+        n_sal += tl.sum(fs, axis=0)
+        n_non += tl.sum(fn, axis=0)
+
+
+@triton.jit
+def _softmax_pass(
+    q,
+    k_ptr,
+    v_ptr,
+    ks,
+    ke,
+    kv_head,
+    stride_kt,
+    stride_kh,
+    stride_kd,
+    stride_vt,
+    stride_vh,
+    stride_vd,
+    qk_scale,
+    HEAD_DIM,
+    WITH_PV: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+    UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """Online max/sum over keys [ks, ke) (base-2 units); with WITH_PV also the unnormalised P @ V."""
+    offs_d = tl.arange(0, BLOCK_D).to(tl.int64)
+    dmask = offs_d < HEAD_DIM
+    offs_n = tl.arange(0, BLOCK_N).to(tl.int64)
+    m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    for start in range(ks, ke, BLOCK_N):
+        cols = start + offs_n
+        cmask = cols < ke
+        kt = tl.load(
+            k_ptr + cols[None, :] * stride_kt + kv_head * stride_kh + offs_d[:, None] * stride_kd,
+            mask=dmask[:, None] & cmask[None, :],
+            other=0.0,
+        )
+        if UPCAST:
+            kt = kt.to(tl.float32)
+        s = tl.dot(q, kt, input_precision=DOT_PREC) * qk_scale
+        s = tl.where(cmask[None, :], s, float("-inf"))
+        # every block of the loop holds at least one real key, so m_new is finite
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.math.exp2(m_i - m_new)
+        p = tl.math.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if WITH_PV:
+            v = tl.load(
+                v_ptr + cols[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :] * stride_vd,
+                mask=cmask[:, None] & dmask[None, :],
+                other=0.0,
+            )
+            if UPCAST:
+                v = v.to(tl.float32)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+        m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _lower_bound(index_ptr, n, key):
+    """First position in the ascending index[0:n) whose value is >= key (n when none)."""
+    lo = tl.zeros((), dtype=tl.int64)
+    hi = n
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if tl.load(index_ptr + mid).to(tl.int64) < key:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@triton.autotune(configs=_CONFIGS, key=["BLOCK_D", "DOT_PREC"], restore_value=["out_ptr"])
+@triton.jit(do_not_specialize=["kcount_val", "salient_k_capacity"])
+def _partial_attention_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    cache_ptr,
+    dv_ptr,
+    out_ptr,
+    cu_q_ptr,
+    cu_k_ptr,
+    order_ptr,
+    qmask_ptr,
+    kidx_ptr,
+    kcount_ptr,
+    kcount_val,
+    salient_k_capacity,
+    stride_qt,
+    stride_qh,
+    stride_qd,
+    stride_kt,
+    stride_kh,
+    stride_kd,
+    stride_vt,
+    stride_vh,
+    stride_vd,
+    stride_ct,
+    stride_ch,
+    stride_cd,
+    stride_dvt,
+    stride_dvh,
+    stride_dvd,
+    stride_ot,
+    stride_oh,
+    stride_od,
+    qk_scale,
+    HEAD_DIM,
+    GROUP: tl.constexpr,
+    HAS_KCOUNT_PTR: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+    UPCAST: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    seq = tl.program_id(1)
+    head = tl.program_id(2).to(tl.int64)
+    qs = tl.load(cu_q_ptr + seq).to(tl.int64)
+    qe = tl.load(cu_q_ptr + seq + 1).to(tl.int64)
+    if pid_m * BLOCK_M < qe - qs:
+        ks = tl.load(cu_k_ptr + seq).to(tl.int64)
+        ke = tl.load(cu_k_ptr + seq + 1).to(tl.int64)
+        kv_head = head // GROUP
+
+        slots = qs + pid_m * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+        rvalid = slots < qe
+        rows = tl.load(order_ptr + slots, mask=rvalid, other=0).to(tl.int64)
+        sal = (tl.load(qmask_ptr + rows, mask=rvalid, other=0) != 0) & rvalid
+        non = (~sal) & rvalid
+        n_sal = tl.sum(sal.to(tl.int32), axis=0)
+        n_non = tl.sum(non.to(tl.int32), axis=0)
+
+        offs_d = tl.arange(0, BLOCK_D).to(tl.int64)
+        dmask = offs_d < HEAD_DIM
+        q = tl.load(
+            q_ptr + rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :] * stride_qd,
+            mask=rvalid[:, None] & dmask[None, :],
+            other=0.0,
+        )
+        if UPCAST:
+            q = q.to(tl.float32)
+        if n_sal > 0:
+            m_i, l_i, acc = _softmax_pass(
+                q,
+                k_ptr,
+                v_ptr,
+                ks,
+                ke,
+                kv_head,
+                stride_kt,
+                stride_kh,
+                stride_kd,
+                stride_vt,
+                stride_vh,
+                stride_vd,
+                qk_scale,
+                HEAD_DIM,
+                True,
+                DOT_PREC,
+                UPCAST,
+                BLOCK_M,
+                BLOCK_N,
+                BLOCK_D,
+            )
+        else:
+            m_i, l_i, acc = _softmax_pass(
+                q,
+                k_ptr,
+                v_ptr,
+                ks,
+                ke,
+                kv_head,
+                stride_kt,
+                stride_kh,
+                stride_kd,
+                stride_vt,
+                stride_vh,
+                stride_vd,
+                qk_scale,
+                HEAD_DIM,
+                False,
+                DOT_PREC,
+                UPCAST,
+                BLOCK_M,
+                BLOCK_N,
+                BLOCK_D,
+            )
+        # a sequence without keys has l = 0: exact rows become 0, approximate rows keep the cache
+        inv_l = tl.where(l_i > 0.0, 1.0 / tl.where(l_i > 0.0, l_i, 1.0), 0.0)
+        result = acc * inv_l[:, None]
+
+        if n_non > 0:
+            if HAS_KCOUNT_PTR:
+                n_k = tl.load(kcount_ptr).to(tl.int64)
+            else:
+                n_k = kcount_val.to(tl.int64)
+            n_k = tl.minimum(tl.maximum(n_k, 0), salient_k_capacity)
+            lo = _lower_bound(kidx_ptr, n_k, ks)
+            hi = _lower_bound(kidx_ptr, n_k, ke)
+            offs_s = tl.arange(0, BLOCK_S).to(tl.int64)
+            upd = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+            for p0 in range(lo, hi, BLOCK_S):
+                pos = p0 + offs_s
+                pmask = pos < hi
+                kid = tl.load(kidx_ptr + pos, mask=pmask, other=0).to(tl.int64)
+                kt = tl.load(
+                    k_ptr + kid[None, :] * stride_kt + kv_head * stride_kh + offs_d[:, None] * stride_kd,
+                    mask=dmask[:, None] & pmask[None, :],
+                    other=0.0,
+                )
+                if UPCAST:
+                    kt = kt.to(tl.float32)
+                s = tl.dot(q, kt, input_precision=DOT_PREC) * qk_scale
+                p = tl.where(pmask[None, :], tl.math.exp2(s - m_i[:, None]), 0.0)
+                dv = tl.load(
+                    dv_ptr + pos[:, None] * stride_dvt + kv_head * stride_dvh + offs_d[None, :] * stride_dvd,
+                    mask=pmask[:, None] & dmask[None, :],
+                    other=0.0,
+                )
+                if UPCAST:
+                    dv = dv.to(tl.float32)
+                upd += tl.dot(p.to(dv.dtype), dv, input_precision=DOT_PREC)
+            cache = tl.load(
+                cache_ptr + rows[:, None] * stride_ct + head * stride_ch + offs_d[None, :] * stride_cd,
+                mask=non[:, None] & dmask[None, :],
+                other=0.0,
+            ).to(tl.float32)
+            result = tl.where(sal[:, None], result, cache + upd * inv_l[:, None])
+
+        tl.store(
+            out_ptr + rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :] * stride_od,
+            result.to(out_ptr.dtype.element_ty),
+            mask=rvalid[:, None] & dmask[None, :],
+        )
+
+
+def _partial_attention_triton(
+    q,
+    k,
+    v,
+    ctx_cache,
+    delta_v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    q_mask,
+    k_index,
+    k_count,
+    scale,
+    out,
+) -> None:
+    Tq, H, d = q.shape
+    Hk = k.shape[1]
+    B = cu_seqlens_q.shape[0] - 1
+    if B == 0 or max_seqlen_q == 0 or Tq == 0:
+        return
+    order = torch.empty(Tq, dtype=torch.int32, device=q.device)
+    mask_u8 = q_mask.view(torch.uint8)
+    _order_queries_kernel[(B,)](mask_u8, cu_seqlens_q, order, BLOCK=16 if _dispatch.interpreting() else 1024)
+    has_ptr = isinstance(k_count, torch.Tensor)
+    # the interpreter computes bf16 dots wrongly (silently): there, run them in fp32
+    upcast = _dispatch.interpreting() and q.dtype == torch.bfloat16
+    grid = lambda meta: (triton.cdiv(max_seqlen_q, meta["BLOCK_M"]), B, H)
+    _partial_attention_kernel[grid](
+        q,
+        k,
+        v,
+        ctx_cache,
+        delta_v,
+        out,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        order,
+        mask_u8,
+        k_index,
+        k_count if has_ptr else k_index,  # dummy pointer when the count is a Python int
+        0 if has_ptr else int(k_count),
+        k_index.shape[0],
+        *q.stride(),
+        *k.stride(),
+        *v.stride(),
+        *ctx_cache.stride(),
+        *delta_v.stride(),
+        *out.stride(),
+        scale * _LOG2E,
+        d,
+        GROUP=H // Hk,
+        HAS_KCOUNT_PTR=has_ptr,
+        # fp32 dots must not silently drop to tf32 on tensor cores
+        DOT_PREC="ieee" if q.dtype == torch.float32 or upcast else "tf32",
+        UPCAST=upcast,
+        BLOCK_D=max(16, triton.next_power_of_2(d)),
+    )
+
+
+def partial_attention_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    ctx_cache: torch.Tensor,
+    delta_v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    salient_q_mask: torch.Tensor,
+    salient_k_index: torch.Tensor,
+    salient_k_count: int | torch.Tensor,
+    *,
+    softmax_scale: float | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Torch reference of :func:`partial_attention`, one dense softmax per sequence.
+
+    Computes in fp32 (fp64 when the inputs are fp64, which tests use as the exact answer) and
+    returns ``q``'s dtype. Reads ``cu_seqlens`` and the count on the host (syncs on CUDA).
+    """
+    Tq, H, d = q.shape
+    Hk = k.shape[1]
+    group = H // Hk
+    scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
+    cdt = torch.float64 if q.dtype == torch.float64 else torch.float32
+    if out is None:
+        out = torch.zeros_like(q)
+    cq = cu_seqlens_q.tolist()
+    ck = cu_seqlens_k.tolist()
+    cap = salient_k_index.shape[0]
+    n = (
+        int(salient_k_count.reshape(()).item())
+        if isinstance(salient_k_count, torch.Tensor)
+        else int(salient_k_count)
+    )
+    n = min(max(n, 0), cap)
+    kidx = salient_k_index[:n].to(torch.int64)
+    for b in range(len(cq) - 1):
+        qs, qe, ks, ke = cq[b], cq[b + 1], ck[b], ck[b + 1]
+        if qe == qs:
+            continue
+        qb = q[qs:qe].to(cdt).transpose(0, 1)  # [H, Lq, d]
+        kb = k[ks:ke].to(cdt).repeat_interleave(group, dim=1).transpose(0, 1)  # [H, Lk, d]
+        vb = v[ks:ke].to(cdt).repeat_interleave(group, dim=1).transpose(0, 1)
+        probs = torch.softmax(qb @ kb.transpose(1, 2) * scale, dim=-1)  # [H, Lq, Lk], all keys
+        sal = salient_q_mask[qs:qe]
+        rows_sal = torch.nonzero(sal).flatten()
+        rows_non = torch.nonzero(~sal).flatten()
+        res = torch.empty_like(qb)
+        # the P @ V work the algorithm saves: exact rows use every key, the rest only A's columns
+        res[:, rows_sal] = probs[:, rows_sal] @ vb
+        pos = torch.nonzero((kidx >= ks) & (kidx < ke)).flatten()
+        dvb = delta_v[pos].to(cdt).repeat_interleave(group, dim=1).transpose(0, 1)  # [H, |A_b|, d]
+        cache_b = ctx_cache[qs:qe][rows_non].to(cdt).transpose(0, 1)
+        res[:, rows_non] = cache_b + probs[:, rows_non][:, :, kidx[pos] - ks] @ dvb
+        out[qs:qe] = res.transpose(0, 1).to(out.dtype)
+    return out
+
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _check_cu(name: str, cu: object, total: int, max_len: int, batch: int | None) -> torch.Tensor:
+    _dispatch.check_tensor(name, cu, dtypes=(torch.int32,), dim=1)
+    if cu.shape[0] < 1 or (batch is not None and cu.shape[0] != batch + 1):
+        want = "at least one entry" if batch is None else f"{batch + 1} entries"
+        raise ValueError(f"{name} must have {want} (B + 1), got shape {tuple(cu.shape)}")
+    if not cu.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+    if not cu.is_cuda and cu.numel():  # free on CPU; on CUDA it would need a host sync
+        lens = cu[1:] - cu[:-1]
+        if int(cu[0]) < 0 or int(cu[-1]) > total or (lens.numel() and int(lens.min()) < 0):
+            raise ValueError(f"{name} must be non-decreasing within [0, {total}], got {cu.tolist()}")
+        if lens.numel() and int(lens.max()) > max_len:
+            raise ValueError(
+                f"a sequence in {name} is longer ({int(lens.max())}) than its max_seqlen ({max_len})"
+            )
+    return cu
+
+
+def partial_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    ctx_cache: torch.Tensor,
+    delta_v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    salient_q_mask: torch.Tensor,
+    salient_k_index: torch.Tensor,
+    salient_k_count: int | torch.Tensor,
+    *,
+    softmax_scale: float | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """DyLLM attention context for a packed varlen batch (bidirectional, GQA, prefix keys).
+
+    Args:
+        q: ``[Tq, H, d]`` fp16/bf16/fp32 queries (post-RoPE), sequences back to back.
+        k, v: ``[Tk, Hk, d]``, ``H % Hk == 0``; query head ``h`` reads kv head
+            ``h // (H // Hk)``. ``v`` already holds the new values at the salient key rows.
+            A sequence's keys may outnumber its queries (a cached prompt prefix).
+        ctx_cache: ``[Tq, H, d]`` the previous step's context of these query rows.
+        delta_v: ``[cap, Hk, d]``, row ``p`` is ``V_new - V_old`` at key row
+            ``salient_k_index[p]``.
+        cu_seqlens_q, cu_seqlens_k: int32 ``[B + 1]`` exclusive prefix sums (flash-attention
+            convention).
+        max_seqlen_q, max_seqlen_k: ints, at least every sequence's query / key length (rows
+            past ``max_seqlen_q`` would not be computed; checked on CPU, not on CUDA).
+        salient_q_mask: bool ``[Tq]``; True rows get exact attention.
+        salient_k_index: int32 ``[cap]``: slots ``[0, count)`` hold the packed key rows whose
+            K/V were recomputed this layer, **strictly ascending** (the kernel binary-searches
+            each sequence's range; checked on CPU only). Slots past the count are never read.
+            Salient keys outside a query's own sequence do not affect it.
+        salient_k_count: int32 ``[1]`` device tensor (or a Python int) with the live slots;
+            device values outside ``[0, cap]`` act as the nearest end.
+        softmax_scale: default ``1 / sqrt(d)``.
+        out: optional ``[Tq, H, d]`` buffer of ``q``'s dtype. It may be ``ctx_cache`` itself:
+            each element is read before it is written by the same program.
+
+    Returns:
+        ``ctx`` ``[Tq, H, d]``: salient rows ``softmax(q K_seq^T * scale) V_seq``; other rows
+        ``ctx_cache + sum_{j in A, j in seq} P_ij * delta_v_j`` with ``P`` the exact softmax over
+        all keys of the sequence. The identity is exact when only ``V`` changed since
+        ``ctx_cache`` was computed. Edges: a sequence with no keys gives 0 for salient rows and
+        ``ctx_cache`` for the others; no salient rows and no salient keys returns ``ctx_cache``;
+        query rows outside every sequence (``>= cu_seqlens_q[-1]``) are left as they are in
+        ``out`` (zero when ``out`` is None).
+
+    Numerics: scores, softmax statistics and accumulators in fp32; the ``P @ V`` and
+    ``P @ dV`` dots take ``P`` in the input dtype (flash-attention's habit); fp32 inputs use
+    IEEE fp32 dots (never tf32). Under the Triton interpreter bf16 dots run in fp32 (its bf16
+    arithmetic is wrong). Graph-capturable on CUDA (no host sync); the first CUDA call per
+    head dim and dtype autotunes the tile sizes, so warm up before a capture.
+    """
+    _dispatch.check_tensor("q", q, dtypes=_DTYPES, dim=3)
+    _dispatch.check_tensor("k", k, dtypes=(q.dtype,), dim=3)
+    _dispatch.check_tensor("v", v, dtypes=(q.dtype,), dim=3)
+    _dispatch.check_tensor("ctx_cache", ctx_cache, dtypes=(q.dtype,), dim=3)
+    _dispatch.check_tensor("delta_v", delta_v, dtypes=(q.dtype,), dim=3)
+    Tq, H, d = q.shape
+    Tk, Hk, dk = k.shape
+    if dk != d:
+        raise ValueError(f"k must have head dim {d} like q, got shape {tuple(k.shape)}")
+    if Hk == 0 or H % Hk != 0:
+        raise ValueError(f"q heads ({H}) must be a multiple of k heads ({Hk})")
+    if tuple(v.shape) != tuple(k.shape):
+        raise ValueError(f"v must have the shape of k {tuple(k.shape)}, got {tuple(v.shape)}")
+    if tuple(ctx_cache.shape) != tuple(q.shape):
+        raise ValueError(f"ctx_cache must have the shape of q {tuple(q.shape)}, got {tuple(ctx_cache.shape)}")
+    _dispatch.check_tensor("salient_k_index", salient_k_index, dtypes=(torch.int32,), dim=1)
+    if not salient_k_index.is_contiguous():
+        raise ValueError("salient_k_index must be contiguous")
+    cap = salient_k_index.shape[0]
+    if tuple(delta_v.shape) != (cap, Hk, d):
+        raise ValueError(
+            f"delta_v must have shape {(cap, Hk, d)} (salient_k_index capacity), got {tuple(delta_v.shape)}"
+        )
+    for name, val in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if isinstance(val, bool) or not isinstance(val, int):
+            raise TypeError(f"{name} must be an int, got {type(val).__name__}")
+        if val < 0:
+            raise ValueError(f"{name} must be >= 0, got {val}")
+    _check_cu("cu_seqlens_q", cu_seqlens_q, Tq, max_seqlen_q, None)
+    _check_cu("cu_seqlens_k", cu_seqlens_k, Tk, max_seqlen_k, cu_seqlens_q.shape[0] - 1)
+    _dispatch.check_tensor("salient_q_mask", salient_q_mask, dtypes=(torch.bool,), dim=1)
+    if salient_q_mask.shape[0] != Tq or not salient_q_mask.is_contiguous():
+        raise ValueError(
+            f"salient_q_mask must be a contiguous bool [{Tq}], got shape {tuple(salient_q_mask.shape)}"
+        )
+    if isinstance(salient_k_count, torch.Tensor):
+        if salient_k_count.dtype != torch.int32 or salient_k_count.numel() != 1:
+            raise ValueError(
+                f"salient_k_count must be an int32 tensor of one element, got {salient_k_count.dtype} "
+                f"shape {tuple(salient_k_count.shape)}"
+            )
+    elif isinstance(salient_k_count, bool) or not isinstance(salient_k_count, int):
+        raise TypeError(
+            f"salient_k_count must be an int32 [1] tensor or an int, got {type(salient_k_count).__name__}"
+        )
+    elif not 0 <= salient_k_count <= cap:
+        raise ValueError(f"salient_k_count must be in [0, {cap}], got {salient_k_count}")
+    if softmax_scale is not None:
+        if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
+            raise TypeError(f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}")
+        if not math.isfinite(softmax_scale):
+            raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")
+    if out is not None:
+        _dispatch.check_tensor("out", out, dtypes=(q.dtype,), dim=3)
+        if tuple(out.shape) != tuple(q.shape):
+            raise ValueError(f"out must have the shape of q {tuple(q.shape)}, got {tuple(out.shape)}")
+    _dispatch.check_same_device(
+        q=q,
+        k=k,
+        v=v,
+        ctx_cache=ctx_cache,
+        delta_v=delta_v,
+        cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k,
+        salient_q_mask=salient_q_mask,
+        salient_k_index=salient_k_index,
+        salient_k_count=salient_k_count if isinstance(salient_k_count, torch.Tensor) else None,
+        out=out,
+    )
+    if not salient_k_index.is_cuda:  # free on CPU; on CUDA it would need a host sync
+        n = salient_k_count if isinstance(salient_k_count, int) else int(salient_k_count.reshape(()))
+        live = salient_k_index[: min(max(n, 0), cap)]
+        if live.numel() and (
+            int(live.min()) < 0 or int(live.max()) >= Tk or bool((live[1:] <= live[:-1]).any())
+        ):
+            raise ValueError(
+                f"salient_k_index[:count] must be strictly ascending key rows in [0, {Tk}), "
+                f"got {live.tolist()}"
+            )
+
+    scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
+    if not _dispatch.use_triton(q):
+        return partial_attention_reference(
+            q,
+            k,
+            v,
+            ctx_cache,
+            delta_v,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            max_seqlen_q,
+            max_seqlen_k,
+            salient_q_mask,
+            salient_k_index,
+            salient_k_count,
+            softmax_scale=scale,
+            out=out,
+        )
+    if out is None:
+        out = torch.zeros_like(q)
+    _partial_attention_triton(
+        q,
+        k,
+        v,
+        ctx_cache,
+        delta_v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        salient_q_mask,
+        salient_k_index,
+        salient_k_count,
+        scale,
+        out,
+    )
+    return out

@@ -1,0 +1,334 @@
+"""Row gather and scatter through a fixed-capacity index buffer with a device-side count.
+
+DyLLM runs the FFN (and the K/V projection) only for the salient rows: gather them into a
+dense ``[capacity, D]`` block, run the layer on it, scatter the result back into the cached
+``[N, D]`` tensor. ``index``/``count`` come straight from :func:`cosine_saliency`, so the
+number of live rows stays on the device and both ops are CUDA-graph capturable.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from . import _dispatch
+
+_CONFIGS = _dispatch.single_config_when_interpreting(
+    [
+        # first entry: the one the interpreter uses (small, so tests cross block edges)
+        triton.Config({"BLOCK_M": 4, "BLOCK_D": 32}, num_warps=4),
+        triton.Config({"BLOCK_M": 2, "BLOCK_D": 512}, num_warps=4),
+        triton.Config({"BLOCK_M": 4, "BLOCK_D": 512}, num_warps=4),
+        triton.Config({"BLOCK_M": 8, "BLOCK_D": 256}, num_warps=4),
+        triton.Config({"BLOCK_M": 16, "BLOCK_D": 128}, num_warps=4),
+        triton.Config({"BLOCK_M": 4, "BLOCK_D": 1024}, num_warps=8),
+    ]
+)
+
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+@triton.jit
+def _live_count(count_ptr, count_val, capacity, HAS_COUNT_PTR: tl.constexpr):
+    if HAS_COUNT_PTR:
+        cnt = tl.load(count_ptr).to(tl.int64)
+    else:
+        cnt = count_val.to(tl.int64)
+    return tl.minimum(tl.maximum(cnt, 0), capacity)
+
+
+@triton.autotune(configs=_CONFIGS, key=["D"])
+@triton.jit(do_not_specialize=["count_val", "capacity"])
+def _gather_rows_kernel(
+    src_ptr,
+    index_ptr,
+    count_ptr,
+    count_val,
+    out_ptr,
+    capacity,
+    D,
+    stride_sm,
+    stride_sd,
+    stride_om,
+    stride_od,
+    HAS_COUNT_PTR: tl.constexpr,
+    ZERO_TAIL: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    pid_m = tl.program_id(0).to(tl.int64)
+    pid_d = tl.program_id(1).to(tl.int64)
+    cnt = _live_count(count_ptr, count_val, capacity, HAS_COUNT_PTR)
+    j = pid_m * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+    live = j < cnt
+    # slots past count are never dereferenced: they may hold padding such as -1
+    rows = tl.load(index_ptr + j, mask=live, other=0).to(tl.int64)
+    c = pid_d * BLOCK_D + tl.arange(0, BLOCK_D).to(tl.int64)
+    cmask = c < D
+    vals = tl.load(
+        src_ptr + rows[:, None] * stride_sm + c[None, :] * stride_sd,
+        mask=live[:, None] & cmask[None, :],
+        other=0.0,
+    )
+    if ZERO_TAIL:
+        keep = j < capacity
+    else:
+        keep = live
+    tl.store(
+        out_ptr + j[:, None] * stride_om + c[None, :] * stride_od, vals, mask=keep[:, None] & cmask[None, :]
+    )
+
+
+@triton.autotune(configs=_CONFIGS, key=["D"])
+@triton.jit(do_not_specialize=["count_val", "capacity"])
+def _scatter_rows_kernel(
+    src_ptr,
+    index_ptr,
+    count_ptr,
+    count_val,
+    dst_ptr,
+    capacity,
+    D,
+    stride_sm,
+    stride_sd,
+    stride_dm,
+    stride_dd,
+    HAS_COUNT_PTR: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    pid_m = tl.program_id(0).to(tl.int64)
+    pid_d = tl.program_id(1).to(tl.int64)
+    cnt = _live_count(count_ptr, count_val, capacity, HAS_COUNT_PTR)
+    j = pid_m * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+    live = j < cnt
+    rows = tl.load(index_ptr + j, mask=live, other=0).to(tl.int64)
+    c = pid_d * BLOCK_D + tl.arange(0, BLOCK_D).to(tl.int64)
+    m = live[:, None] & (c < D)[None, :]
+    vals = tl.load(src_ptr + j[:, None] * stride_sm + c[None, :] * stride_sd, mask=m)
+    tl.store(dst_ptr + rows[:, None] * stride_dm + c[None, :] * stride_dd, vals, mask=m)
+
+
+def _count_args(count: int | torch.Tensor, index: torch.Tensor) -> tuple[torch.Tensor, int, bool]:
+    if isinstance(count, torch.Tensor):
+        return count, 0, True
+    return index, int(count), False  # index doubles as a dummy pointer, never read as a count
+
+
+def _gather_rows_triton(
+    src2: torch.Tensor, index: torch.Tensor, count, out2: torch.Tensor, zero_tail: bool
+) -> None:
+    capacity, D = out2.shape
+    if capacity == 0 or D == 0:
+        return
+    count_ptr, count_val, has_ptr = _count_args(count, index)
+    grid = lambda meta: (triton.cdiv(capacity, meta["BLOCK_M"]), triton.cdiv(D, meta["BLOCK_D"]))
+    _gather_rows_kernel[grid](
+        src2,
+        index,
+        count_ptr,
+        count_val,
+        out2,
+        capacity,
+        D,
+        src2.stride(0),
+        src2.stride(1),
+        out2.stride(0),
+        out2.stride(1),
+        HAS_COUNT_PTR=has_ptr,
+        ZERO_TAIL=zero_tail,
+    )
+
+
+def _scatter_rows_triton(dst2: torch.Tensor, index: torch.Tensor, count, src2: torch.Tensor) -> None:
+    capacity, D = src2.shape
+    if capacity == 0 or D == 0:
+        return
+    count_ptr, count_val, has_ptr = _count_args(count, index)
+    grid = lambda meta: (triton.cdiv(capacity, meta["BLOCK_M"]), triton.cdiv(D, meta["BLOCK_D"]))
+    _scatter_rows_kernel[grid](
+        src2,
+        index,
+        count_ptr,
+        count_val,
+        dst2,
+        capacity,
+        D,
+        src2.stride(0),
+        src2.stride(1),
+        dst2.stride(0),
+        dst2.stride(1),
+        HAS_COUNT_PTR=has_ptr,
+    )
+
+
+def _live_mask(count: int | torch.Tensor, capacity: int, device: torch.device) -> torch.Tensor:
+    slots = torch.arange(capacity, device=device)
+    if isinstance(count, torch.Tensor):
+        return slots < count.reshape(()).to(slots.dtype).clamp(0, capacity)
+    return slots < min(max(int(count), 0), capacity)
+
+
+def gather_rows_reference(
+    src: torch.Tensor,
+    index: torch.Tensor,
+    count: int | torch.Tensor,
+    *,
+    out: torch.Tensor | None = None,
+    zero_tail: bool = True,
+) -> torch.Tensor:
+    """Torch reference of :func:`gather_rows` (no host sync)."""
+    capacity = index.shape[0]
+    live = _live_mask(count, capacity, index.device)
+    if out is None:
+        out = torch.zeros((capacity, *src.shape[1:]), dtype=src.dtype, device=src.device)
+    if src.shape[0] == 0:
+        vals = torch.zeros_like(out)
+    else:
+        safe = torch.where(
+            live, index.to(torch.int64), torch.zeros((), dtype=torch.int64, device=index.device)
+        )
+        vals = src.index_select(0, safe)
+    bshape = (capacity,) + (1,) * (src.dim() - 1)
+    if zero_tail:
+        out.copy_(vals.masked_fill_(~live.view(bshape), 0))
+    else:
+        out.copy_(torch.where(live.view(bshape), vals, out))
+    return out
+
+
+def scatter_rows_reference(
+    dst: torch.Tensor, index: torch.Tensor, count: int | torch.Tensor, src: torch.Tensor
+) -> torch.Tensor:
+    """Torch reference of :func:`scatter_rows`; reads a tensor ``count`` on the host (syncs)."""
+    n = int(_live_mask(count, index.shape[0], index.device).sum())
+    dst.index_copy_(0, index[:n].to(torch.int64), src[:n])
+    return dst
+
+
+def _rows_2d(name: str, t: torch.Tensor) -> torch.Tensor:
+    """View ``t`` as ``[rows, prod(trailing)]`` without copying (writes must land in ``t``)."""
+    if t.dim() == 2:
+        return t
+    try:
+        return t.view(t.shape[0], math.prod(t.shape[1:]))
+    except RuntimeError:
+        raise ValueError(f"{name} must have trailing dims that flatten into one without a copy") from None
+
+
+def _check_common(index: object, count: object) -> torch.Tensor:
+    _dispatch.check_tensor("index", index, dtypes=_INDEX_DTYPES, dim=1)
+    if not index.is_contiguous():
+        raise ValueError("index must be contiguous")
+    capacity = index.shape[0]
+    if isinstance(count, torch.Tensor):
+        if count.dtype not in _INDEX_DTYPES or count.numel() != 1:
+            raise ValueError(
+                f"count must be an int or an int32/int64 tensor of one element, got {count.dtype} "
+                f"shape {tuple(count.shape)}"
+            )
+    elif isinstance(count, bool) or not isinstance(count, int):
+        raise TypeError(f"count must be an int or an int32 [1] tensor, got {type(count).__name__}")
+    elif not 0 <= count <= capacity:
+        raise ValueError(f"count must be in [0, {capacity}] (the index capacity), got {count}")
+    return index
+
+
+def _check_index_values(index: torch.Tensor, count: int | torch.Tensor, n_rows: int, *, unique: bool) -> None:
+    """On CPU the live index values cost nothing to check; on CUDA that would need a host sync."""
+    if index.is_cuda:
+        return
+    n = int(_live_mask(count, index.shape[0], index.device).sum())
+    live = index[:n]
+    if n and (int(live.min()) < 0 or int(live.max()) >= n_rows):
+        raise ValueError(f"index values in slots [0, count) must lie in [0, {n_rows}), got {live.tolist()}")
+    if unique and n and torch.unique(live).numel() != n:
+        raise ValueError("index values in slots [0, count) must be unique for scatter_rows")
+
+
+def gather_rows(
+    src: torch.Tensor,
+    index: torch.Tensor,
+    count: int | torch.Tensor,
+    *,
+    out: torch.Tensor | None = None,
+    zero_tail: bool = True,
+) -> torch.Tensor:
+    """``out[j] = src[index[j]]`` for ``j < count``; a fixed-capacity, graph-capturable gather.
+
+    Args:
+        src: ``[N, *F]`` fp16/bf16/fp32/fp64, any strides (trailing dims must flatten to one
+            without a copy when there are more than one).
+        index: int32/int64 ``[capacity]`` contiguous; slots ``j < count`` hold row ids in
+            ``[0, N)`` (checked on CPU only: a CUDA check would need a host sync); slots at or
+            past ``count`` are never read as row ids (``-1`` padding is fine).
+        count: number of live slots: a Python int in ``[0, capacity]``, or an int32/int64
+            tensor of one element on the device (values outside ``[0, capacity]`` act as the
+            nearest end; not checked, that would need a host sync).
+        out: optional ``[capacity, *F]`` buffer of ``src``'s dtype.
+        zero_tail: rows ``j >= count`` of ``out`` are zero-filled (default), or left untouched
+            when False (saves the writes when the caller ignores those rows).
+
+    Returns:
+        ``out`` ``[capacity, *F]``. Repeated indices are allowed. ``capacity = 0`` or ``N = 0``
+        (with ``count = 0``) are valid no-ops apart from the zero fill.
+    """
+    _dispatch.check_tensor("src", src, dtypes=_FLOAT_DTYPES, min_dim=2)
+    _check_common(index, count)
+    capacity = index.shape[0]
+    if out is not None:
+        _dispatch.check_tensor("out", out, dtypes=(src.dtype,))
+        if tuple(out.shape) != (capacity, *src.shape[1:]):
+            raise ValueError(f"out must have shape {(capacity, *src.shape[1:])}, got {tuple(out.shape)}")
+    _dispatch.check_same_device(
+        src=src, index=index, count=count if isinstance(count, torch.Tensor) else None, out=out
+    )
+    src2 = _rows_2d("src", src)
+    _check_index_values(index, count, src.shape[0], unique=False)
+    if out is None:
+        out = torch.empty((capacity, *src.shape[1:]), dtype=src.dtype, device=src.device)
+        if not zero_tail:
+            out.zero_()  # a fresh buffer has no previous contents worth keeping
+    if not _dispatch.use_triton(src):
+        return gather_rows_reference(src, index, count, out=out, zero_tail=zero_tail)
+    _gather_rows_triton(src2, index, count, _rows_2d("out", out), zero_tail)
+    return out
+
+
+def scatter_rows(
+    dst: torch.Tensor, index: torch.Tensor, count: int | torch.Tensor, src: torch.Tensor
+) -> torch.Tensor:
+    """In place ``dst[index[j]] = src[j]`` for ``j < count``; returns ``dst``.
+
+    Args:
+        dst: ``[N, *F]`` fp16/bf16/fp32/fp64, written in place (trailing dims must flatten to
+            one without a copy when there are more than one).
+        index: int32/int64 ``[capacity]`` contiguous; slots ``j < count`` hold **unique** row
+            ids in ``[0, N)``. Duplicates are forbidden: on a GPU the last writer is not
+            deterministic. Range and uniqueness are checked on CPU only (a CUDA check would
+            need a host sync). Slots at or past ``count`` are never read.
+        count: as in :func:`gather_rows`.
+        src: ``[capacity, *F]`` of ``dst``'s dtype; rows ``j >= count`` are ignored.
+
+    Rows of ``dst`` not named by a live slot are left untouched. Graph-capturable (the first
+    CUDA call per row width autotunes: warm up before a capture).
+    """
+    _dispatch.check_tensor("dst", dst, dtypes=_FLOAT_DTYPES, min_dim=2)
+    _check_common(index, count)
+    capacity = index.shape[0]
+    _dispatch.check_tensor("src", src, dtypes=(dst.dtype,))
+    if tuple(src.shape) != (capacity, *dst.shape[1:]):
+        raise ValueError(f"src must have shape {(capacity, *dst.shape[1:])}, got {tuple(src.shape)}")
+    _dispatch.check_same_device(
+        dst=dst, index=index, count=count if isinstance(count, torch.Tensor) else None, src=src
+    )
+    dst2 = _rows_2d("dst", dst)
+    _check_index_values(index, count, dst.shape[0], unique=True)
+    if not _dispatch.use_triton(dst):
+        return scatter_rows_reference(dst, index, count, src)
+    _scatter_rows_triton(dst2, index, count, _rows_2d("src", src))
+    return dst

@@ -1,0 +1,1014 @@
+"""Slice, route and re-lay-out a group of rows after Seer's step-0 cut, with no host sync.
+
+Seer §1.5 ("device-resident latency shadowing"): once every row ``b`` of a padded ``[B, N]``
+batch knows how many leading positions it keeps (``keep_len[b] = L*_b``), one fused kernel
+
+a. decides the execution path of the group from ``keep_len`` and the router's bucket tables,
+   exactly by the rule below (all programs reach it redundantly and deterministically);
+b. writes the rows in the chosen layout: bucket-padded ``[batch bucket, B_G]`` for the static
+   graph, or packed back to back for the varlen graph / eager path;
+c. writes ``cu_seqlens``, position ids, the key mask and the source index of every slot;
+d. writes a small control word that the host can poll (optionally copied to pinned memory).
+
+The rule (the router in ``seer_runtime/router.py`` implements the same one on the host; see
+:func:`slice_repack_decision`), for a group of ``G`` rows with lengths ``L*``:
+
+* ``T = sum L*``, ``Lmax = max L*``. ``T == 0`` -> ``EMPTY``.
+* ``B_G`` = the smallest micro-bucket ``>= Lmax``; none -> ``EAGER``.
+* ``G == 1`` or ``B_G <= eager_max_bucket`` -> ``EAGER``.
+* ``PWR = 1 - T / (G * B_G)``, evaluated in IEEE float64 exactly as written; ``PWR <= tau_pad``
+  and some batch bucket ``>= G`` -> ``STATIC`` with key (smallest batch bucket ``>= G``, ``B_G``).
+* otherwise ``VARLEN`` with ``P`` = the smallest packed bucket ``>= T``; none -> ``EAGER``.
+
+``EAGER`` uses the packed layout with no padding beyond ``T``.
+
+Kernel layout: a 1-D grid of programs; each program loads the group's lengths and the tables,
+takes the decision, derives every row's packed offset with ``tl.cumsum``, and then walks the
+work items of the chosen layout (``(row, block of positions)`` tiles, and blocks of padding)
+with a grid stride. Program 0 also writes the control word and ``cu_seqlens``. Values are
+moved as raw bits (reinterpreted as int16/int32/int64), so the copy is exact for every dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from . import _dispatch
+
+# path codes (the control word's first entry)
+PATH_ERROR = -1  # an input was out of range or a buffer too small: nothing but the control word was written
+PATH_EMPTY = 0
+PATH_STATIC = 1
+PATH_VARLEN = 2
+PATH_EAGER = 3
+PATH_NAMES = {
+    PATH_ERROR: "ERROR",
+    PATH_EMPTY: "EMPTY",
+    PATH_STATIC: "STATIC",
+    PATH_VARLEN: "VARLEN",
+    PATH_EAGER: "EAGER",
+}
+
+# control word layout: int32 [CONTROL_SIZE]
+CTRL_PATH = 0  # one of the PATH_* codes
+CTRL_BUCKET = 1  # B_G for STATIC, P for VARLEN, T for EAGER, 0 for EMPTY and ERROR
+CTRL_TOTAL = 2  # T = sum of the group's L*
+CTRL_MAX_LEN = 3  # Lmax
+CTRL_ERROR = 4  # bit flags, ERR_*; 0 when all is well
+CTRL_BATCH = 5  # rows of the chosen layout: the batch bucket for STATIC, G otherwise (0 for ERROR)
+CONTROL_SIZE = 6
+
+ERR_KEEP_LEN = 1  # some keep_len of the group outside [0, N]
+ERR_ROW_IDS = 2  # some row_ids outside [0, B)
+ERR_CAPACITY = 4  # the chosen layout does not fit the output buffers
+
+MAX_GROUP = 1024
+_BIG = tl.constexpr(1 << 40)  # "no bucket" sentinel; G * _BIG still fits in int64
+
+_INT_CONTAINER = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_ID_DTYPES = (torch.int64, torch.int32)
+_HIDDEN_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+class ControlValues(NamedTuple):
+    """The control word as host ints (see the ``CTRL_*`` indices)."""
+
+    path: int
+    bucket: int
+    total: int
+    max_len: int
+    error: int
+    batch_rows: int
+
+
+def decode_control(word: torch.Tensor | Sequence[int]) -> ControlValues:
+    """Turn a control word (a CPU tensor or a sequence of ``CONTROL_SIZE`` ints) into :class:`ControlValues`.
+
+    Reading a CUDA tensor here synchronises; poll through :class:`ControlWord` instead.
+    """
+    values = word.tolist() if isinstance(word, torch.Tensor) else list(word)
+    if len(values) != CONTROL_SIZE:
+        raise ValueError(f"a control word holds {CONTROL_SIZE} ints, got {len(values)}")
+    return ControlValues(*(int(x) for x in values))
+
+
+def describe_control_error(error: int) -> str:
+    """Human-readable text for the ``error`` bit flags of a control word."""
+    parts = []
+    if error & ERR_KEEP_LEN:
+        parts.append("some keep_len of the group is outside [0, N]")
+    if error & ERR_ROW_IDS:
+        parts.append("some row_ids entry is outside [0, B)")
+    if error & ERR_CAPACITY:
+        parts.append(
+            "the chosen layout does not fit the output buffers (out= too small for the bucket tables)"
+        )
+    return "; ".join(parts) or "no error"
+
+
+class ControlWord:
+    """Host handle on the control word of one :func:`slice_repack` call.
+
+    ``ready()`` never blocks (``torch.cuda.Event.query``). ``read()`` waits on this call's event
+    only (not the whole device) and returns :class:`ControlValues`; it raises ``ValueError`` when
+    the kernel flagged an error, unless ``raise_on_error=False``. With a pinned ``control_host``
+    the copy was enqueued right after the kernel, so ``read()`` costs no extra transfer; without
+    one, ``read()`` does a blocking device-to-host copy. On CPU the handle is ready at once.
+    """
+
+    def __init__(self, device_word: torch.Tensor, host_word: torch.Tensor | None, event) -> None:
+        self.device_word = device_word
+        self.host_word = host_word
+        self._event = event
+
+    def ready(self) -> bool:
+        return True if self._event is None else bool(self._event.query())
+
+    def read(self, *, raise_on_error: bool = True) -> ControlValues:
+        if self._event is not None:
+            self._event.synchronize()
+        source = self.host_word if self.host_word is not None else self.device_word
+        values = decode_control(source.cpu() if source.device.type != "cpu" else source)
+        if raise_on_error and values.error:
+            raise ValueError(
+                f"slice_repack flagged an error (code {values.error}): {describe_control_error(values.error)}"
+            )
+        return values
+
+
+@dataclass(frozen=True)
+class SliceRepackOutput:
+    """Fixed-capacity buffers written by :func:`slice_repack` (also its ``out=`` argument).
+
+    Padded layout (written for ``STATIC`` only, region ``[:batch_rows, :B_G]``):
+        padded_values ``[batch_cap, bucket_cap]`` (token ids) or ``[batch_cap, bucket_cap, D]``,
+        padded_positions int64, padded_mask bool (True = real token), padded_src_index int64
+        (``b * N + n`` of the source slot, -1 for padding), all ``[batch_cap, bucket_cap]``.
+    Packed layout (written for ``VARLEN`` over ``[:P]`` and ``EAGER`` over ``[:T]``):
+        packed_values ``[packed_cap]`` or ``[packed_cap, D]``, packed_positions int64,
+        packed_seq_index int32 (group row of each token, -1 in padding), packed_src_index int64.
+    cu_seqlens: int32 ``[cu_len]``, ``cu_len >= G + 1``: exclusive prefix sum of the group's
+        lengths, the last value repeated over the extra entries (zero-length padding rows).
+    control: int32 ``[CONTROL_SIZE]`` on the device (see ``CTRL_*``).
+    handle: the :class:`ControlWord` of the call that produced this output (None for bare buffers).
+    """
+
+    control: torch.Tensor
+    padded_values: torch.Tensor
+    padded_positions: torch.Tensor
+    padded_mask: torch.Tensor
+    padded_src_index: torch.Tensor
+    packed_values: torch.Tensor
+    packed_positions: torch.Tensor
+    packed_seq_index: torch.Tensor
+    packed_src_index: torch.Tensor
+    cu_seqlens: torch.Tensor
+    handle: ControlWord | None = field(default=None, compare=False)
+
+    def ready(self) -> bool:
+        """Whether the control word can be read without blocking."""
+        return self._handle().ready()
+
+    def read(self, *, raise_on_error: bool = True) -> ControlValues:
+        """The control word on the host (waits on this call's event only)."""
+        return self._handle().read(raise_on_error=raise_on_error)
+
+    def _handle(self) -> ControlWord:
+        if self.handle is None:
+            raise ValueError("these buffers were not produced by slice_repack (no control handle)")
+        return self.handle
+
+    @property
+    def batch_cap(self) -> int:
+        return self.padded_positions.shape[0]
+
+    @property
+    def bucket_cap(self) -> int:
+        return self.padded_positions.shape[1]
+
+    @property
+    def packed_cap(self) -> int:
+        return self.packed_positions.shape[0]
+
+
+_BUFFER_FIELDS = (
+    "control",
+    "padded_values",
+    "padded_positions",
+    "padded_mask",
+    "padded_src_index",
+    "packed_values",
+    "packed_positions",
+    "packed_seq_index",
+    "packed_src_index",
+    "cu_seqlens",
+)
+
+
+def slice_repack_buffers(
+    *,
+    batch_cap: int,
+    bucket_cap: int,
+    packed_cap: int,
+    cu_len: int,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    hidden_dim: int | None = None,
+) -> SliceRepackOutput:
+    """Allocate (uninitialised) persistent buffers for ``slice_repack(..., out=...)``.
+
+    Size them from the router's tables: ``batch_cap >= max(batch_buckets)``,
+    ``bucket_cap >= max(micro_buckets)``, ``packed_cap >= max(max(packed_buckets), G * N)``
+    (``EAGER`` packs up to ``G * N`` tokens) and ``cu_len >= G + 1`` for the largest group.
+    ``hidden_dim=None`` for token ids ``[B, N]``, ``D`` for hidden states ``[B, N, D]``.
+    """
+    for name, value in (
+        ("batch_cap", batch_cap),
+        ("bucket_cap", bucket_cap),
+        ("packed_cap", packed_cap),
+        ("cu_len", cu_len),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+    if cu_len < 1:
+        raise ValueError(f"cu_len must be >= 1 (G + 1), got {cu_len}")
+    tail = () if hidden_dim is None else (hidden_dim,)
+    return SliceRepackOutput(
+        control=torch.zeros(CONTROL_SIZE, dtype=torch.int32, device=device),
+        padded_values=torch.empty((batch_cap, bucket_cap, *tail), dtype=dtype, device=device),
+        padded_positions=torch.empty((batch_cap, bucket_cap), dtype=torch.int64, device=device),
+        padded_mask=torch.empty((batch_cap, bucket_cap), dtype=torch.bool, device=device),
+        padded_src_index=torch.empty((batch_cap, bucket_cap), dtype=torch.int64, device=device),
+        packed_values=torch.empty((packed_cap, *tail), dtype=dtype, device=device),
+        packed_positions=torch.empty(packed_cap, dtype=torch.int64, device=device),
+        packed_seq_index=torch.empty(packed_cap, dtype=torch.int32, device=device),
+        packed_src_index=torch.empty(packed_cap, dtype=torch.int64, device=device),
+        cu_seqlens=torch.empty(cu_len, dtype=torch.int32, device=device),
+    )
+
+
+@triton.jit
+def _copy_value_tile(
+    VALS,
+    OUT,
+    src_row,
+    n,
+    real,
+    dst,
+    dst_ok,
+    stride_vb,
+    stride_vn,
+    stride_vd,
+    D,
+    pad_bits,
+    BLOCK_D: tl.constexpr,
+    HAS_D: tl.constexpr,
+):
+    """Copy ``VALS[src_row, n(, :)]`` (pad bits where not ``real``) to ``OUT[dst(, :)]`` where ``dst_ok``."""
+    src = VALS + src_row * stride_vb + n * stride_vn
+    if HAS_D:
+        for d0 in range(0, D, BLOCK_D):
+            d = d0 + tl.arange(0, BLOCK_D)
+            d_ok = d < D
+            x = tl.load(
+                src[:, None] + d[None, :].to(tl.int64) * stride_vd,
+                mask=real[:, None] & d_ok[None, :],
+                other=pad_bits,
+            )
+            tl.store(OUT + dst[:, None] * D + d[None, :], x, mask=dst_ok[:, None] & d_ok[None, :])
+    else:
+        x = tl.load(src, mask=real, other=pad_bits)
+        tl.store(OUT + dst, x, mask=dst_ok)
+
+
+@triton.jit
+def _smallest_at_least(TABLE, count, threshold, TB: tl.constexpr):
+    """(exists, smallest entry >= threshold) of a 1-D table of ``count`` entries."""
+    i = tl.arange(0, TB)
+    entries = tl.load(TABLE + i, mask=i < count, other=0).to(tl.int64)
+    fits = (i < count) & (entries >= threshold)
+    exists = tl.sum(fits.to(tl.int32), 0) > 0
+    smallest = tl.min(tl.where(fits, entries, _BIG), 0)
+    return exists, smallest
+
+
+@triton.jit
+def _slice_repack_kernel(
+    VALS,
+    POS,
+    KEEP,
+    ROW_IDS,
+    MICRO,
+    PACKED,
+    BATCHB,
+    PAD_VALS,
+    PAD_POS,
+    PAD_MASK,
+    PAD_SRC,
+    PK_VALS,
+    PK_POS,
+    PK_SEQ,
+    PK_SRC,
+    CU,
+    CTRL,
+    stride_vb,
+    stride_vn,
+    stride_vd,
+    stride_pb,
+    stride_pn,
+    B,
+    N,
+    D,
+    G,
+    n_micro,
+    n_packed,
+    n_batch,
+    tau_pad: tl.float64,
+    eager_max_bucket,
+    pad_bits,
+    batch_cap,
+    bucket_cap,
+    packed_cap,
+    cu_len,
+    GB: tl.constexpr,
+    MB: tl.constexpr,
+    PB: tl.constexpr,
+    BB: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    HAS_D: tl.constexpr,
+    HAS_POS: tl.constexpr,
+    HAS_ROW_IDS: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+
+    # --- the group's lengths (every program, redundantly) ---
+    gi = tl.arange(0, GB)
+    g_ok = gi < G
+    if HAS_ROW_IDS:
+        rows = tl.load(ROW_IDS + gi, mask=g_ok, other=0).to(tl.int64)
+    else:
+        rows = gi.to(tl.int64)
+    row_ok = (rows >= 0) & (rows < B)
+    lens = tl.load(KEEP + rows, mask=g_ok & row_ok, other=0).to(tl.int64)
+    bad_row = tl.sum((g_ok & ~row_ok).to(tl.int32), 0) > 0
+    bad_len = tl.sum((g_ok & ((lens < 0) | (lens > N))).to(tl.int32), 0) > 0
+    total = tl.sum(lens, 0)
+    max_len = tl.max(lens, 0)
+    offsets = tl.cumsum(lens, 0) - lens  # exclusive prefix sum: each row's packed start
+
+    # --- the decision (see the module docstring); identical in every program ---
+    has_bg, b_g = _smallest_at_least(MICRO, n_micro, max_len, MB)
+    has_gb, g_b = _smallest_at_least(BATCHB, n_batch, G, BB)
+    has_p, p_len = _smallest_at_least(PACKED, n_packed, total, PB)
+    pwr = 1.0 - total.to(tl.float64) / tl.maximum(G * b_g, 1).to(tl.float64)  # G = 0 is EMPTY anyway
+    path = tl.where(has_p, 2, 3)  # VARLEN, else EAGER
+    path = tl.where((pwr <= tau_pad) & has_gb, 1, path)  # STATIC
+    path = tl.where((G == 1) | (b_g <= eager_max_bucket), 3, path)
+    path = tl.where(has_bg, path, 3)
+    path = tl.where(total == 0, 0, path)  # EMPTY
+    bucket = tl.where(path == 1, b_g, tl.where(path == 2, p_len, tl.where(path == 3, total, 0)))
+    batch_rows = tl.where(path == 1, g_b, G)
+
+    too_big = ((path == 1) & ((g_b > batch_cap) | (b_g > bucket_cap))) | (
+        ((path == 2) | (path == 3)) & (bucket > packed_cap)
+    )
+    error = bad_len.to(tl.int32) * 1 + bad_row.to(tl.int32) * 2 + too_big.to(tl.int32) * 4
+    path = tl.where(error != 0, -1, path)
+    bucket = tl.where(error != 0, 0, bucket)
+    batch_rows = tl.where(error != 0, 0, batch_rows)
+
+    if pid == 0:
+        tl.store(CTRL + 0, path.to(tl.int32))
+        tl.store(CTRL + 1, bucket.to(tl.int32))
+        tl.store(CTRL + 2, total.to(tl.int32))
+        tl.store(CTRL + 3, max_len.to(tl.int32))
+        tl.store(CTRL + 4, error)
+        tl.store(CTRL + 5, batch_rows.to(tl.int32))
+        if error == 0:
+            tl.store(CU + gi, offsets.to(tl.int32), mask=g_ok)
+            for c0 in range(G, cu_len, GB):
+                c = c0 + tl.arange(0, GB)
+                tl.store(CU + c, total.to(tl.int32) + tl.zeros([GB], dtype=tl.int32), mask=c < cu_len)
+
+    offs = tl.arange(0, BLOCK_N)
+    if path == 1:
+        # STATIC: the region [:g_b, :b_g] of the padded layout, one (row, column block) per item
+        col_blocks = tl.cdiv(b_g, BLOCK_N)
+        n_items = g_b * col_blocks
+        for it in range(0, tl.cdiv(n_items - pid, nprog)):
+            item = pid + it * nprog
+            r = item // col_blocks
+            n = ((item % col_blocks) * BLOCK_N + offs).to(tl.int64)
+            sel = gi == r
+            len_r = tl.sum(tl.where(sel, lens, 0), 0)  # 0 for the padding rows r >= G
+            src_row = tl.sum(tl.where(sel, rows, 0), 0)
+            real = n < len_r
+            in_bucket = n < b_g
+            dst = r.to(tl.int64) * bucket_cap + n
+            _copy_value_tile(
+                VALS,
+                PAD_VALS,
+                src_row,
+                n,
+                real,
+                dst,
+                in_bucket,
+                stride_vb,
+                stride_vn,
+                stride_vd,
+                D,
+                pad_bits,
+                BLOCK_D,
+                HAS_D,
+            )
+            if HAS_POS:
+                pos = tl.load(POS + src_row * stride_pb + n * stride_pn, mask=real, other=0)
+            else:
+                pos = tl.where(real, n, 0)
+            tl.store(PAD_POS + dst, pos, mask=in_bucket)
+            tl.store(PAD_MASK + dst, real.to(tl.int8), mask=in_bucket)
+            tl.store(PAD_SRC + dst, tl.where(real, src_row * N + n, -1), mask=in_bucket)
+    if (path == 2) | (path == 3):
+        # VARLEN / EAGER: real tokens row by row to their packed offsets, then padding [T, P)
+        row_blocks = tl.cdiv(N, BLOCK_N)
+        n_real_items = G * row_blocks
+        n_items = n_real_items + tl.cdiv(bucket - total, BLOCK_N)
+        for it in range(0, tl.cdiv(n_items - pid, nprog)):
+            item = pid + it * nprog
+            if item < n_real_items:
+                r = item // row_blocks
+                n = ((item % row_blocks) * BLOCK_N + offs).to(tl.int64)
+                sel = gi == r
+                len_r = tl.sum(tl.where(sel, lens, 0), 0)
+                src_row = tl.sum(tl.where(sel, rows, 0), 0)
+                dst = tl.sum(tl.where(sel, offsets, 0), 0) + n
+                real = n < len_r
+                _copy_value_tile(
+                    VALS,
+                    PK_VALS,
+                    src_row,
+                    n,
+                    real,
+                    dst,
+                    real,
+                    stride_vb,
+                    stride_vn,
+                    stride_vd,
+                    D,
+                    pad_bits,
+                    BLOCK_D,
+                    HAS_D,
+                )
+                if HAS_POS:
+                    pos = tl.load(POS + src_row * stride_pb + n * stride_pn, mask=real, other=0)
+                else:
+                    pos = n
+                tl.store(PK_POS + dst, pos, mask=real)
+                tl.store(PK_SEQ + dst, r.to(tl.int32) + tl.zeros([BLOCK_N], dtype=tl.int32), mask=real)
+                tl.store(PK_SRC + dst, src_row * N + n, mask=real)
+            else:
+                t = total + (item - n_real_items).to(tl.int64) * BLOCK_N + offs
+                pad = t < bucket
+                never = t < 0
+                _copy_value_tile(
+                    VALS,
+                    PK_VALS,
+                    0,
+                    t,
+                    never,
+                    t,
+                    pad,
+                    stride_vb,
+                    stride_vn,
+                    stride_vd,
+                    D,
+                    pad_bits,
+                    BLOCK_D,
+                    HAS_D,
+                )
+                tl.store(PK_POS + t, tl.zeros([BLOCK_N], dtype=tl.int64), mask=pad)
+                tl.store(PK_SEQ + t, tl.full([BLOCK_N], -1, dtype=tl.int32), mask=pad)
+                tl.store(PK_SRC + t, tl.full([BLOCK_N], -1, dtype=tl.int64), mask=pad)
+
+
+def _int_view(t: torch.Tensor) -> torch.Tensor:
+    """The same bytes as a signed integer tensor of the same element size (exact copies for any dtype)."""
+    return t if not t.is_floating_point() else t.view(_INT_CONTAINER[t.element_size()])
+
+
+def _pad_bits(pad_value: int | float, dtype: torch.dtype) -> int:
+    """The bit pattern of ``pad_value`` in ``dtype``, as the signed int the kernel's container holds."""
+    if not torch.empty((), dtype=dtype).is_floating_point():
+        return int(pad_value)
+    return int(
+        torch.tensor(pad_value, dtype=dtype).view(_INT_CONTAINER[torch.empty((), dtype=dtype).element_size()])
+    )
+
+
+def _slice_repack_triton(
+    values,
+    keep_len,
+    positions,
+    row_ids,
+    micro,
+    packed,
+    batchb,
+    *,
+    tau_pad,
+    eager_max_bucket,
+    pad_value,
+    out,
+    block_n=None,
+    num_programs=None,
+):
+    """Launch the kernel (inputs validated, buffers allocated). ``block_n``/``num_programs`` are for tests."""
+    batch, seq_len = values.shape[0], values.shape[1]
+    has_d = values.dim() == 3
+    hidden = values.shape[2] if has_d else 1
+    group = row_ids.numel() if row_ids is not None else batch
+    vals = _int_view(values)
+    if block_n is None:
+        if _dispatch.interpreting():
+            block_n = 8
+        else:
+            block_n = 32 if has_d else 256
+    block_d = 1
+    if has_d:
+        block_d = min(triton.next_power_of_2(hidden), 16 if _dispatch.interpreting() else 256)
+    row_blocks = triton.cdiv(seq_len, block_n) if seq_len else 0
+    max_items = max(
+        group * row_blocks + triton.cdiv(out.packed_cap, block_n),
+        out.batch_cap * triton.cdiv(out.bucket_cap, block_n),
+        1,
+    )
+    if num_programs is None:
+        num_programs = min(max_items, 4 if _dispatch.interpreting() else 1024)
+    stride_vd = vals.stride(2) if has_d else 0
+    pos = positions if positions is not None else keep_len
+    counts = [t.numel() for t in (micro, packed, batchb)]
+    # an empty table still needs a valid pointer; its count (0) keeps every load masked
+    micro, packed, batchb = (t if t.numel() else keep_len for t in (micro, packed, batchb))
+    _slice_repack_kernel[(num_programs,)](
+        vals,
+        pos,
+        keep_len,
+        row_ids if row_ids is not None else keep_len,
+        micro,
+        packed,
+        batchb,
+        _int_view(out.padded_values),
+        out.padded_positions,
+        out.padded_mask.view(torch.int8),
+        out.padded_src_index,
+        _int_view(out.packed_values),
+        out.packed_positions,
+        out.packed_seq_index,
+        out.packed_src_index,
+        out.cu_seqlens,
+        out.control,
+        vals.stride(0),
+        vals.stride(1),
+        stride_vd,
+        pos.stride(0) if positions is not None else 0,
+        pos.stride(1) if positions is not None else 0,
+        batch,
+        seq_len,
+        hidden,
+        group,
+        counts[0],
+        counts[1],
+        counts[2],
+        float(tau_pad),
+        int(eager_max_bucket),
+        _pad_bits(pad_value, values.dtype),
+        out.batch_cap,
+        out.bucket_cap,
+        out.packed_cap,
+        out.cu_seqlens.numel(),
+        GB=max(2, triton.next_power_of_2(group)),
+        MB=max(2, triton.next_power_of_2(counts[0])),
+        PB=max(2, triton.next_power_of_2(counts[1])),
+        BB=max(2, triton.next_power_of_2(counts[2])),
+        BLOCK_N=block_n,
+        BLOCK_D=block_d,
+        HAS_D=has_d,
+        HAS_POS=positions is not None,
+        HAS_ROW_IDS=row_ids is not None,
+    )
+
+
+def slice_repack_decision(
+    keep_len: Sequence[int],
+    *,
+    micro_buckets: Sequence[int],
+    packed_buckets: Sequence[int],
+    batch_buckets: Sequence[int],
+    tau_pad: float = 0.2,
+    eager_max_bucket: int = 4,
+) -> ControlValues:
+    """The routing rule on the host, for one group with lengths ``keep_len`` (host ints).
+
+    Returns the control word the kernel writes for valid input (``error = 0``); capacity and
+    range checks are not part of the rule. The tables are sorted ascending.
+    """
+    lengths = [int(x) for x in keep_len]
+    group = len(lengths)
+    total = sum(lengths)
+    max_len = max(lengths, default=0)
+    if total == 0:
+        return ControlValues(PATH_EMPTY, 0, 0, max_len, 0, group)
+    micro = [m for m in micro_buckets if m >= max_len]
+    if not micro:
+        return ControlValues(PATH_EAGER, total, total, max_len, 0, group)
+    b_g = min(micro)
+    if group == 1 or b_g <= eager_max_bucket:
+        return ControlValues(PATH_EAGER, total, total, max_len, 0, group)
+    pwr = 1.0 - total / (group * b_g)
+    batch = [b for b in batch_buckets if b >= group]
+    if pwr <= tau_pad and batch:
+        return ControlValues(PATH_STATIC, b_g, total, max_len, 0, min(batch))
+    packed = [p for p in packed_buckets if p >= total]
+    if packed:
+        return ControlValues(PATH_VARLEN, min(packed), total, max_len, 0, group)
+    return ControlValues(PATH_EAGER, total, total, max_len, 0, group)
+
+
+def slice_repack_reference(
+    values: torch.Tensor,
+    keep_len: torch.Tensor,
+    *,
+    positions: torch.Tensor | None = None,
+    row_ids: torch.Tensor | None = None,
+    micro_buckets: torch.Tensor | Sequence[int],
+    packed_buckets: torch.Tensor | Sequence[int],
+    batch_buckets: torch.Tensor | Sequence[int],
+    tau_pad: float = 0.2,
+    eager_max_bucket: int = 4,
+    pad_value: int | float = 0,
+    out: SliceRepackOutput,
+) -> ControlValues:
+    """Torch reference: fills ``out`` exactly as the kernel does and returns the control values.
+
+    Takes validated inputs and allocated buffers (the public :func:`slice_repack` does both).
+    Reads ``keep_len``, ``row_ids`` and the tables on the host (a sync on CUDA): this is the
+    spec and the CPU fallback. Out-of-range input is not raised here but flagged in the control
+    word, with nothing else written, exactly like the kernel.
+    """
+    batch, seq_len = values.shape[0], values.shape[1]
+    lens_all = keep_len.tolist()
+    rows = list(range(batch)) if row_ids is None else [int(r) for r in row_ids.tolist()]
+    error = 0
+    lens = []
+    for r in rows:
+        if 0 <= r < batch:
+            lens.append(int(lens_all[r]))
+        else:
+            error |= ERR_ROW_IDS
+            lens.append(0)
+    if any(n < 0 or n > seq_len for n in lens):
+        error |= ERR_KEEP_LEN
+    tables = [
+        t.tolist() if isinstance(t, torch.Tensor) else list(t)
+        for t in (micro_buckets, packed_buckets, batch_buckets)
+    ]
+    decision = slice_repack_decision(
+        lens,
+        micro_buckets=tables[0],
+        packed_buckets=tables[1],
+        batch_buckets=tables[2],
+        tau_pad=tau_pad,
+        eager_max_bucket=eager_max_bucket,
+    )
+    path, bucket, total, max_len, _, batch_rows = decision
+    if path == PATH_STATIC and (batch_rows > out.batch_cap or bucket > out.bucket_cap):
+        error |= ERR_CAPACITY
+    if path in (PATH_VARLEN, PATH_EAGER) and bucket > out.packed_cap:
+        error |= ERR_CAPACITY
+    if error:
+        result = ControlValues(PATH_ERROR, 0, total, max_len, error, 0)
+        out.control.copy_(torch.tensor(result, dtype=torch.int32))
+        return result
+    result = decision
+    out.control.copy_(torch.tensor(result, dtype=torch.int32))
+    device = values.device
+    offsets = [0]
+    for n in lens:
+        offsets.append(offsets[-1] + n)
+    cu = out.cu_seqlens
+    cu[: len(offsets)] = torch.tensor(offsets, dtype=torch.int32, device=device)
+    cu[len(offsets) :] = total
+
+    def row_positions(src: int, n: int) -> torch.Tensor:
+        if positions is None:
+            return torch.arange(n, dtype=torch.int64, device=device)
+        return positions[src, :n]
+
+    if path == PATH_STATIC:
+        region = (slice(0, batch_rows), slice(0, bucket))
+        out.padded_values[region] = pad_value
+        out.padded_positions[region] = 0
+        out.padded_mask[region] = False
+        out.padded_src_index[region] = -1
+        for r, (src, n) in enumerate(zip(rows, lens)):
+            out.padded_values[r, :n] = values[src, :n]
+            out.padded_positions[r, :n] = row_positions(src, n)
+            out.padded_mask[r, :n] = True
+            out.padded_src_index[r, :n] = src * seq_len + torch.arange(n, dtype=torch.int64, device=device)
+    elif path in (PATH_VARLEN, PATH_EAGER):
+        for r, (src, n) in enumerate(zip(rows, lens)):
+            start = offsets[r]
+            out.packed_values[start : start + n] = values[src, :n]
+            out.packed_positions[start : start + n] = row_positions(src, n)
+            out.packed_seq_index[start : start + n] = r
+            out.packed_src_index[start : start + n] = src * seq_len + torch.arange(
+                n, dtype=torch.int64, device=device
+            )
+        out.packed_values[total:bucket] = pad_value
+        out.packed_positions[total:bucket] = 0
+        out.packed_seq_index[total:bucket] = -1
+        out.packed_src_index[total:bucket] = -1
+    return result
+
+
+# device tensors for host tables given as sequences, so repeated calls upload nothing
+_TABLE_CACHE: dict[tuple[tuple[int, ...], str], torch.Tensor] = {}
+
+
+def _table(name: str, table: object, device: torch.device) -> tuple[torch.Tensor, list[int] | None]:
+    """(device int tensor, host list or None when the table lives on a GPU), validated when host-visible."""
+    if isinstance(table, torch.Tensor):
+        _dispatch.check_tensor(name, table, dtypes=(torch.int32, torch.int64), dim=1)
+        if table.device != device:
+            raise ValueError(f"{name} must be on {device} like values, got {table.device}")
+        if not table.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+        host = table.tolist() if table.device.type == "cpu" else None
+        tensor = table
+    elif isinstance(table, Sequence) and not isinstance(table, str):
+        host = list(table)
+        if any(isinstance(x, bool) or not isinstance(x, int) for x in host):
+            raise TypeError(f"{name} must hold ints, got {table!r}")
+        key = (tuple(host), str(device))
+        tensor = _TABLE_CACHE.get(key)
+        if tensor is None:
+            tensor = torch.tensor(host, dtype=torch.int32, device=device)
+            _TABLE_CACHE[key] = tensor
+    else:
+        raise TypeError(f"{name} must be a 1-D int tensor or a sequence of ints, got {type(table).__name__}")
+    if host is not None:
+        if any(x <= 0 for x in host):
+            raise ValueError(f"{name} entries must be positive, got {host}")
+        if any(a >= b for a, b in zip(host[:-1], host[1:])):
+            raise ValueError(f"{name} must be sorted strictly ascending, got {host}")
+        if host and host[-1] >= 2**31:
+            raise ValueError(f"{name} entries must fit int32, got {host[-1]}")
+    return tensor, host
+
+
+def _check_out(out: SliceRepackOutput, values: torch.Tensor, group: int) -> None:
+    if not isinstance(out, SliceRepackOutput):
+        raise TypeError(
+            f"out must be a SliceRepackOutput (see slice_repack_buffers), got {type(out).__name__}"
+        )
+    tail = tuple(values.shape[2:])
+    batch_cap, bucket_cap = out.padded_positions.shape[:2] if out.padded_positions.dim() == 2 else (-1, -1)
+    packed_cap = out.packed_positions.shape[0] if out.packed_positions.dim() == 1 else -1
+    expected = {
+        "control": ((CONTROL_SIZE,), torch.int32),
+        "padded_values": ((batch_cap, bucket_cap, *tail), values.dtype),
+        "padded_positions": ((batch_cap, bucket_cap), torch.int64),
+        "padded_mask": ((batch_cap, bucket_cap), torch.bool),
+        "padded_src_index": ((batch_cap, bucket_cap), torch.int64),
+        "packed_values": ((packed_cap, *tail), values.dtype),
+        "packed_positions": ((packed_cap,), torch.int64),
+        "packed_seq_index": ((packed_cap,), torch.int32),
+        "packed_src_index": ((packed_cap,), torch.int64),
+    }
+    if batch_cap < 0:
+        raise ValueError(
+            "out.padded_positions must be 2-D [batch_cap, bucket_cap], "
+            f"got {tuple(out.padded_positions.shape)}"
+        )
+    if packed_cap < 0:
+        raise ValueError(
+            f"out.packed_positions must be 1-D [packed_cap], got {tuple(out.packed_positions.shape)}"
+        )
+    for name, (shape, dtype) in expected.items():
+        t = getattr(out, name)
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"out.{name} must be a tensor, got {type(t).__name__}")
+        if tuple(t.shape) != shape or t.dtype != dtype:
+            raise ValueError(
+                f"out.{name} must be {str(dtype).replace('torch.', '')} {shape}, "
+                f"got {str(t.dtype).replace('torch.', '')} {tuple(t.shape)}"
+            )
+        if not t.is_contiguous():
+            raise ValueError(f"out.{name} must be contiguous")
+        if t.device != values.device:
+            raise ValueError(f"out.{name} must be on {values.device} like values, got {t.device}")
+    cu = out.cu_seqlens
+    if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1 or not cu.is_contiguous():
+        raise ValueError("out.cu_seqlens must be a contiguous 1-D int32 tensor")
+    if cu.device != values.device:
+        raise ValueError(f"out.cu_seqlens must be on {values.device} like values, got {cu.device}")
+    if cu.numel() < group + 1:
+        raise ValueError(f"out.cu_seqlens holds {cu.numel()} entries, the group needs G + 1 = {group + 1}")
+    if packed_cap < group * values.shape[1]:
+        raise ValueError(
+            f"out.packed_* hold {packed_cap} tokens; the EAGER path may pack up to G * N = "
+            f"{group * values.shape[1]}"
+        )
+
+
+def slice_repack(
+    values: torch.Tensor,
+    keep_len: torch.Tensor,
+    *,
+    positions: torch.Tensor | None = None,
+    row_ids: torch.Tensor | None = None,
+    micro_buckets: torch.Tensor | Sequence[int],
+    packed_buckets: torch.Tensor | Sequence[int],
+    batch_buckets: torch.Tensor | Sequence[int],
+    tau_pad: float = 0.2,
+    eager_max_bucket: int = 4,
+    pad_value: int | float = 0,
+    control_host: torch.Tensor | None = None,
+    out: SliceRepackOutput | None = None,
+    check: bool | None = None,
+) -> SliceRepackOutput:
+    """Cut each row of a group to its ``L*``, route the group and write it in the chosen layout.
+
+    Args:
+        values: ``[B, N]`` int64/int32 token ids, or ``[B, N, D]`` fp32/fp16/bf16 hidden states.
+            Copied bit for bit.
+        keep_len: ``[B]`` int32/int64 on ``values``' device, ``0 <= L* <= N`` (``L*_b`` leading
+            positions of row ``b`` are kept).
+        positions: optional ``[B, N]`` int64 position ids (default ``arange(N)`` in every row).
+        row_ids: optional ``[G]`` int32/int64 device tensor selecting the group's rows, in order,
+            ``G <= 1024`` (default: all ``B`` rows, which then must be ``<= 1024``). Repeats allowed.
+        micro_buckets, packed_buckets, batch_buckets: the router's sorted tables, each either a
+            sequence of ints (uploaded once per device and cached) or a 1-D int32/int64 tensor on
+            ``values``' device. Tables on a GPU are not validated (that would sync) and then
+            ``out=`` is required, since their maxima size the buffers.
+        tau_pad: PWR threshold; eager_max_bucket: groups whose ``B_G`` is at most this run eager.
+        pad_value: the value written into padding slots of ``values`` (a token id, or a float
+            for hidden states). Padding positions are 0, mask False, seq/src index -1.
+        control_host: optional pinned CPU int32 ``[CONTROL_SIZE]`` tensor; on CUDA a non-blocking
+            copy of the control word into it is enqueued after the kernel, with an event.
+        out: optional preallocated buffers (:func:`slice_repack_buffers`); graph-captured callers
+            pass persistent ones. Default: allocated for this group from the host tables.
+        check: validate ``keep_len`` and ``row_ids`` ranges on the host and raise ``ValueError``.
+            Default ``None`` checks when the tensors are on the CPU; on CUDA ``True`` costs a sync.
+            Unchecked bad input is never clamped: the kernel flags it in the control word's
+            ``error`` entry (``ERR_*`` bits), sets the path to ``PATH_ERROR`` and writes nothing else.
+
+    Returns:
+        :class:`SliceRepackOutput`: the buffers (``out``'s own tensors when given) and the control
+        handle (``.ready()`` / ``.read()``). The control word (int32 ``[6]``) is
+        ``(path, bucket, T, Lmax, error, batch_rows)`` with ``bucket = B_G`` (STATIC), ``P``
+        (VARLEN), ``T`` (EAGER), 0 (EMPTY); ``batch_rows`` is the batch bucket for STATIC, else G.
+
+    What is written: the control word and ``cu_seqlens`` always (unless an error); STATIC writes
+    the padded layout's region ``[:batch_rows, :B_G]`` (rows ``>= G`` are all padding), VARLEN
+    the packed layout's ``[:P]``, EAGER the packed ``[:T]``, EMPTY neither. Everything outside
+    the written region (the other layout, slots beyond the bucket) keeps what it held; freshly
+    allocated buffers are uninitialised there.
+    """
+    if not isinstance(values, torch.Tensor):
+        raise TypeError(f"values must be a torch.Tensor, got {type(values).__name__}")
+    if values.dim() == 2:
+        _dispatch.check_tensor("values", values, dtypes=_ID_DTYPES)
+    elif values.dim() == 3:
+        _dispatch.check_tensor("values", values, dtypes=_HIDDEN_DTYPES)
+    else:
+        raise ValueError(
+            f"values must be [B, N] token ids or [B, N, D] hidden states, got shape {tuple(values.shape)}"
+        )
+    batch, seq_len = values.shape[0], values.shape[1]
+    device = values.device
+    _dispatch.check_tensor("keep_len", keep_len, dtypes=(torch.int32, torch.int64), dim=1)
+    if keep_len.shape[0] != batch:
+        raise ValueError(f"keep_len must be [B] = [{batch}], got {tuple(keep_len.shape)}")
+    if not keep_len.is_contiguous():
+        raise ValueError("keep_len must be contiguous")
+    if positions is not None:
+        _dispatch.check_tensor("positions", positions, dtypes=(torch.int64,), dim=2)
+        if tuple(positions.shape) != (batch, seq_len):
+            raise ValueError(f"positions must be [B, N] = [{batch}, {seq_len}], got {tuple(positions.shape)}")
+    if row_ids is not None:
+        _dispatch.check_tensor("row_ids", row_ids, dtypes=(torch.int32, torch.int64), dim=1)
+        if not row_ids.is_contiguous():
+            raise ValueError("row_ids must be contiguous")
+    group = row_ids.numel() if row_ids is not None else batch
+    if group > MAX_GROUP:
+        raise ValueError(
+            f"a group holds at most {MAX_GROUP} rows, got {group} "
+            f"({'row_ids' if row_ids is not None else 'values rows'})"
+        )
+    _dispatch.check_same_device(values=values, keep_len=keep_len, positions=positions, row_ids=row_ids)
+    if isinstance(tau_pad, bool) or not isinstance(tau_pad, (int, float)) or not math.isfinite(tau_pad):
+        raise TypeError(f"tau_pad must be a finite float, got {tau_pad!r}")
+    if isinstance(eager_max_bucket, bool) or not isinstance(eager_max_bucket, int) or eager_max_bucket < 0:
+        raise ValueError(f"eager_max_bucket must be an int >= 0, got {eager_max_bucket!r}")
+    if values.is_floating_point():
+        if isinstance(pad_value, bool) or not isinstance(pad_value, (int, float)):
+            raise TypeError(f"pad_value must be a number, got {type(pad_value).__name__}")
+    elif isinstance(pad_value, bool) or not isinstance(pad_value, int):
+        raise TypeError(f"pad_value must be an int for token ids, got {type(pad_value).__name__}")
+    elif not -(2 ** (8 * values.element_size() - 1)) <= pad_value < 2 ** (8 * values.element_size() - 1):
+        raise ValueError(f"pad_value {pad_value} does not fit {values.dtype}")
+    micro, micro_host = _table("micro_buckets", micro_buckets, device)
+    packed, packed_host = _table("packed_buckets", packed_buckets, device)
+    batchb, batch_host = _table("batch_buckets", batch_buckets, device)
+    if control_host is not None:
+        _dispatch.check_tensor("control_host", control_host, dtypes=(torch.int32,), dim=1)
+        if control_host.numel() != CONTROL_SIZE or control_host.device.type != "cpu":
+            raise ValueError(
+                f"control_host must be a CPU int32 tensor of {CONTROL_SIZE}, "
+                f"got {tuple(control_host.shape)} on {control_host.device}"
+            )
+        if device.type == "cuda" and not control_host.is_pinned():
+            raise ValueError(
+                "control_host must be pinned (torch.empty(..., pin_memory=True)) for a non-blocking copy"
+            )
+
+    if check is None:
+        check = device.type == "cpu"
+    if check:
+        lens = keep_len.tolist()
+        rows = list(range(batch)) if row_ids is None else row_ids.tolist()
+        bad_rows = [r for r in rows if not 0 <= r < batch]
+        if bad_rows:
+            raise ValueError(f"row_ids must lie in [0, {batch}), got {bad_rows[:8]}")
+        bad = [(r, lens[r]) for r in rows if not 0 <= lens[r] <= seq_len]
+        if bad:
+            raise ValueError(f"keep_len must lie in [0, N = {seq_len}], got (row, L*) {bad[:8]}")
+
+    if out is None:
+        if None in (micro_host, packed_host, batch_host):
+            raise ValueError(
+                "pass out= (see slice_repack_buffers) when the bucket tables are GPU tensors: "
+                "their maxima size the buffers and cannot be read without a host sync"
+            )
+        most = group * seq_len
+        packed_fit = [p for p in packed_host if p >= most]
+        batch_fit = [b for b in batch_host if b >= group]
+        out = slice_repack_buffers(
+            batch_cap=min(batch_fit) if batch_fit else 0,
+            bucket_cap=max(micro_host, default=0),
+            packed_cap=max(most, min(packed_fit) if packed_fit else max(packed_host, default=0)),
+            cu_len=group + 1,
+            dtype=values.dtype,
+            device=device,
+            hidden_dim=values.shape[2] if values.dim() == 3 else None,
+        )
+    else:
+        _check_out(out, values, group)
+
+    if _dispatch.use_triton(values):
+        _slice_repack_triton(
+            values,
+            keep_len,
+            positions,
+            row_ids,
+            micro,
+            packed,
+            batchb,
+            tau_pad=tau_pad,
+            eager_max_bucket=eager_max_bucket,
+            pad_value=pad_value,
+            out=out,
+        )
+    else:
+        slice_repack_reference(
+            values,
+            keep_len,
+            positions=positions,
+            row_ids=row_ids,
+            micro_buckets=micro,
+            packed_buckets=packed,
+            batch_buckets=batchb,
+            tau_pad=tau_pad,
+            eager_max_bucket=eager_max_bucket,
+            pad_value=pad_value,
+            out=out,
+        )
+    event = None
+    if device.type == "cuda":
+        if control_host is not None:
+            control_host.copy_(out.control, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+    elif control_host is not None:
+        control_host.copy_(out.control)
+    handle = ControlWord(out.control, control_host, event)
+    return SliceRepackOutput(*(getattr(out, f) for f in _BUFFER_FIELDS), handle=handle)
