@@ -144,9 +144,9 @@ def saliency_pair(N: int, D: int, frac: float, *, device="cpu", dtype=torch.floa
 def _ops():
     # the modules, not the package attributes (those may be shadowed by the submodules)
     return (
-        importlib.import_module("seer_kernels.cosine_saliency"),
-        importlib.import_module("seer_kernels.row_gather_scatter"),
-        importlib.import_module("seer_kernels.partial_attention"),
+        importlib.import_module("seer_kernels.saliency"),
+        importlib.import_module("seer_kernels.token_gather_scatter"),
+        importlib.import_module("seer_kernels.partial_attn"),
     )
 
 
@@ -380,7 +380,7 @@ def _sdpa_dense(args: dict) -> Callable[[], object]:
 
 def _varlen_dense(args: dict) -> Callable[[], object] | None:
     try:
-        va = importlib.import_module("seer_kernels.varlen_attention")
+        va = importlib.import_module("seer_kernels.varlen_attn")
     except Exception:
         return None
     keys = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")

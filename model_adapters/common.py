@@ -62,14 +62,18 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, full_pr
     return x * cos + rotate_half(x) * sin
 
 
-def _sdpa_padded(q, k, v, key_mask, scale=None):
-    """q [B, L, H, d], k/v [B, Lk, Hk, d], key_mask [B, Lk] bool or None -> [B, L, H, d]."""
+def _sdpa_padded(q, k, v, key_mask, scale=None, attn_mask=None):
+    """q [B, L, H, d], k/v [B, Lk, Hk, d], key_mask [B, Lk] bool or None -> [B, L, H, d].
+
+    attn_mask (bool [B, 1, L, Lk]) replaces key_mask when given."""
     heads, kv_heads = q.shape[2], k.shape[2]
     q_, k_, v_ = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     if kv_heads != heads:
         k_ = k_.repeat_interleave(heads // kv_heads, dim=1)
         v_ = v_.repeat_interleave(heads // kv_heads, dim=1)
     mask = None if key_mask is None else key_mask[:, None, None, :]
+    if attn_mask is not None:
+        mask = attn_mask
     out = F.scaled_dot_product_attention(q_, k_, v_, attn_mask=mask, dropout_p=0.0, is_causal=False, scale=scale)
     return out.transpose(1, 2)
 
@@ -87,13 +91,13 @@ def attention(
 
     Padded: q [B, L, H, d], k/v [B, L, Hk, d], prefix_k/v [B, Lp, Hk, d] -> [B, L, H, d].
     Packed: q [T, H, d], k/v [T, Hk, d], prefix_k/v [Tp, Hk, d] packed -> [T, H, d], through
-    ``seer_kernels.varlen_attention`` (flash-attention's varlen convention).
+    ``seer_kernels.varlen_attn`` (flash-attention's varlen convention).
     """
     if isinstance(layout, PaddedLayout):
         if prefix_k is not None:
             k = torch.cat([prefix_k, k], dim=1)
             v = torch.cat([prefix_v, v], dim=1)
-        return _sdpa_padded(q, k, v, layout.key_mask)
+        return _sdpa_padded(q, k, v, layout.key_mask, attn_mask=layout.attn_mask)
     from seer_kernels import varlen_attention
 
     if prefix_k is not None:

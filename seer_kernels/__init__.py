@@ -11,7 +11,9 @@ Public ops (see each module for shapes, dtypes and edge cases):
 
 Dispatch: CUDA tensors run the Triton kernel, CPU tensors run the torch reference, and with
 ``TRITON_INTERPRET=1`` CPU tensors run the Triton kernel in the interpreter (``_dispatch.py``).
-Modules are imported lazily so that importing the package never touches a device.
+Modules are imported lazily so that importing the package never touches a device. Module
+names differ from the op names on purpose: ``import seer_kernels.<module>`` binds the module
+as a package attribute, which would otherwise shadow the function of the same name.
 """
 
 from __future__ import annotations
@@ -22,25 +24,25 @@ from ._dispatch import current_backend, interpreting, kernel_backend, use_triton
 
 # public name -> module that defines it
 _EXPORTS = {
-    "mlp_sparsity": "mlp_sparsity",
-    "mlp_sparsity_reference": "mlp_sparsity",
-    "swiglu_sparsity": "mlp_sparsity",
-    "swiglu_sparsity_reference": "mlp_sparsity",
-    "snr_boundary": "snr_boundary",
-    "snr_boundary_reference": "snr_boundary",
-    "varlen_attention": "varlen_attention",
-    "varlen_attention_reference": "varlen_attention",
-    "slice_repack": "slice_repack",
-    "slice_repack_reference": "slice_repack",
-    "SliceRepackOutput": "slice_repack",
-    "cosine_saliency": "cosine_saliency",
-    "cosine_saliency_reference": "cosine_saliency",
-    "gather_rows": "row_gather_scatter",
-    "gather_rows_reference": "row_gather_scatter",
-    "scatter_rows": "row_gather_scatter",
-    "scatter_rows_reference": "row_gather_scatter",
-    "partial_attention": "partial_attention",
-    "partial_attention_reference": "partial_attention",
+    "mlp_sparsity": "sparsity_reduce",
+    "mlp_sparsity_reference": "sparsity_reduce",
+    "swiglu_sparsity": "sparsity_reduce",
+    "swiglu_sparsity_reference": "sparsity_reduce",
+    "snr_boundary": "boundary_scan",
+    "snr_boundary_reference": "boundary_scan",
+    "varlen_attention": "varlen_attn",
+    "varlen_attention_reference": "varlen_attn",
+    "slice_repack": "slice_repack_mask",
+    "slice_repack_reference": "slice_repack_mask",
+    "SliceRepackOutput": "slice_repack_mask",
+    "cosine_saliency": "saliency",
+    "cosine_saliency_reference": "saliency",
+    "gather_rows": "token_gather_scatter",
+    "gather_rows_reference": "token_gather_scatter",
+    "scatter_rows": "token_gather_scatter",
+    "scatter_rows_reference": "token_gather_scatter",
+    "partial_attention": "partial_attn",
+    "partial_attention_reference": "partial_attn",
 }
 
 __all__ = sorted([*_EXPORTS, "current_backend", "interpreting", "kernel_backend", "use_triton"])

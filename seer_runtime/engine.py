@@ -194,16 +194,30 @@ def validate_request(model, input_ids, attention_mask, images, gen) -> None:
 # ------------------------------------------------------------------------------------ plans
 @dataclass
 class StepPlan:
-    """One request's schedule: per step the end of its current block and its transfer count
-    (None: Dream's rule, computed from the masks left)."""
+    """One request's schedule, one entry per denoising step.
 
-    block_ends: list[int]
-    counts: list[int | None]
-    timesteps: torch.Tensor | None = None
+    block_starts / block_ends: the current block ``[start, end)`` (no position at or past
+    ``end`` may be committed); counts: tokens to commit (None: Dream's rule, from the masks
+    left and the step's (t, s)); ts: Dream's (t, s) per step; last: Dream's final step flag.
+    Seer shortens and extends plans, so a plan is a list that can be cut and appended to.
+    """
+
+    block_starts: list[int] = field(default_factory=list)
+    block_ends: list[int] = field(default_factory=list)
+    counts: list[int | None] = field(default_factory=list)
+    ts: list[tuple[torch.Tensor, torch.Tensor] | None] = field(default_factory=list)
+    last: list[bool] = field(default_factory=list)
 
     @property
     def steps(self) -> int:
         return len(self.block_ends)
+
+    def keep_first(self, n: int) -> StepPlan:
+        return StepPlan(self.block_starts[:n], self.block_ends[:n], self.counts[:n], self.ts[:n], self.last[:n])
+
+    def then(self, other: StepPlan) -> StepPlan:
+        return StepPlan(self.block_starts + other.block_starts, self.block_ends + other.block_ends,
+                        self.counts + other.counts, self.ts + other.ts, self.last + other.last)
 
 
 def steps_per_block(gen: GenerationConfig, flavor: str) -> int:
@@ -216,31 +230,38 @@ def steps_per_block(gen: GenerationConfig, flavor: str) -> int:
     return base
 
 
-def llada_plan(window: int, gen: GenerationConfig, flavor: str, *, first_mask: int = 0) -> StepPlan:
-    """Block-wise plan over a window of ``window`` positions (``window <= gen_length``).
+def llada_plan(stop: int, gen: GenerationConfig, flavor: str, *, start: int = 0, first_mask: int = 0) -> StepPlan:
+    """Block-wise plan for window positions ``[start, stop)`` (``stop <= gen_length``).
 
-    A block cut short (Seer) of m positions gets ceil(m x steps_per_block / block_length) steps,
-    so the tokens-per-step rate of the full configuration is kept.
+    Blocks follow the configured grid of ``block_length`` positions. A block cut short (Seer)
+    holding m of its positions gets ceil(m x steps_per_block / block_length) steps, so the
+    tokens-per-step rate of the full configuration is kept.
     """
     spb = steps_per_block(gen, flavor)
     block = gen.block
-    ends, counts = [], []
-    for start in range(0, window, block):
-        end = min(start + block, window)
-        masks = end - max(start, first_mask)
-        steps = spb if end - start == block else max(1, math.ceil((end - start) * spb / block))
+    plan = StepPlan()
+    for grid_start in range(0, stop, block):
+        lo, hi = max(grid_start, start), min(grid_start + block, stop)
+        if lo >= hi:
+            continue
+        masks = hi - max(lo, first_mask)
+        steps = spb if hi - lo == block else max(1, math.ceil((hi - lo) * spb / block))
         if gen.schedule is None:
             per = uniform_counts(masks, steps)
         else:
             per = scheduled_counts(masks, steps, gen.schedule, shift=gen.schedule_shift)
             per = per + [0] * (steps - len(per))  # LaViDa would index past its list: skip instead
-        ends.extend([end] * steps)
-        counts.extend(per)
-    return StepPlan(ends, counts)
+        plan = plan.then(StepPlan([grid_start] * steps, [hi] * steps, per, [None] * steps, [False] * steps))
+    return plan
 
 
-def dream_plan(window: int, gen: GenerationConfig, flavor: str, *, masks: int) -> StepPlan:
-    """Dream's single global schedule over ``window`` positions holding ``masks`` masks."""
+def dream_plan(window: int, gen: GenerationConfig, flavor: str, *, masks: int, start: int = 0,
+               positions: int | None = None) -> StepPlan:
+    """Dream's single global schedule over positions ``[start, window)`` holding ``masks`` masks.
+
+    With fewer than ``gen_length`` positions to decode (``positions``, default ``window``; Seer)
+    the step count keeps the configured rate: ``ceil(positions x steps / gen_length)``.
+    """
     steps = gen.steps if gen.steps is not None else gen.gen_length
     if flavor == "lavida_dream":
         steps = min(steps, gen.gen_length)
@@ -248,8 +269,9 @@ def dream_plan(window: int, gen: GenerationConfig, flavor: str, *, masks: int) -
     timesteps = dream_timesteps(steps, gen.eps)
     if gen.step_ratio is not None:
         steps = int(gen.gen_length * gen.step_ratio)
-    if window < gen.gen_length:  # a shorter window keeps the configured tokens-per-step rate
-        steps = max(1, math.ceil(window * steps / gen.gen_length))
+    positions = window if positions is None else positions
+    if positions < gen.gen_length:
+        steps = max(1, math.ceil(positions * steps / gen.gen_length))
     if steps < 1:
         raise ValueError("steps: the configuration leaves no denoising step")
     if flavor != "lavida_dream" or len(timesteps) < steps + 1:
@@ -259,7 +281,8 @@ def dream_plan(window: int, gen: GenerationConfig, flavor: str, *, masks: int) -
         counts = counts + [0] * (steps - len(counts))
     else:
         counts = [None] * steps
-    return StepPlan([window] * steps, counts, timesteps)
+    ts = [(timesteps[i], timesteps[i + 1]) for i in range(steps)]
+    return StepPlan([start] * steps, [window] * steps, counts, ts, [i == steps - 1 for i in range(steps)])
 
 
 # ------------------------------------------------------------------------------------ the run
@@ -331,11 +354,13 @@ class DecodeRun:
             self.first_mask = 1
         self.stats.add_time("prefill", time.perf_counter() - t0)
 
-    def make_plan(self, b: int, window: int) -> StepPlan:
+    def make_plan(self, b: int, window: int, *, start: int = 0) -> StepPlan:
+        """A fresh plan for the masks of row ``b`` in window positions ``[start, window)``."""
         if self.model.family == "llada":
-            return llada_plan(window, self.gen, self.flavor, first_mask=self.first_mask)
-        masks = int((self.x[b, :window] == self.ids.mask).sum())
-        return dream_plan(window, self.gen, self.flavor, masks=masks)
+            return llada_plan(window, self.gen, self.flavor, start=start, first_mask=self.first_mask)
+        masks = int((self.x[b, start:window] == self.ids.mask).sum())
+        return dream_plan(window, self.gen, self.flavor, masks=masks, start=start,
+                          positions=window if start == 0 else window - start)
 
     # -- forward ------------------------------------------------------------------------------
     def window_inputs(self, rows: list[int], wmax: int):
@@ -389,25 +414,33 @@ class DecodeRun:
             own = self.wlen[r] + (self.prompt_real[r] if offset else 0)
             self.per_request_tokens[r] += own * self.layers
 
+    def guidance_inputs(self, hidden, layout, offset):
+        """Classifier-free guidance: append the unconditional copy (every prompt position masked)."""
+        if self.gen.cfg_scale <= 0:
+            return hidden, layout, False
+        uncond = hidden.clone()
+        uncond[:, :offset] = self.mask_embed  # LLaDA masks every prompt position (pads too)
+        hidden = torch.cat([hidden, uncond], dim=0)
+        layout = PaddedLayout(torch.cat([layout.positions] * 2),
+                              None if layout.key_mask is None else torch.cat([layout.key_mask] * 2))
+        return hidden, layout, True
+
+    def combine_guidance(self, logits, cfg: bool):
+        if not cfg:
+            return logits
+        cond, un = logits.chunk(2, dim=0)
+        return un + (self.gen.cfg_scale + 1) * (cond - un)
+
     def forward(self, rows: list[int], step: int) -> torch.Tensor:
         wmax = max(self.wlen[r] for r in rows)
         hidden, layout, prefix, offset = self.window_inputs(rows, wmax)
-        cfg = self.gen.cfg_scale > 0
-        if cfg:
-            uncond = hidden.clone()
-            uncond[:, :offset] = self.mask_embed  # LLaDA masks every prompt position (pads too)
-            hidden = torch.cat([hidden, uncond], dim=0)
-            layout = PaddedLayout(torch.cat([layout.positions] * 2),
-                                  None if layout.key_mask is None else torch.cat([layout.key_mask] * 2))
+        hidden, layout, cfg = self.guidance_inputs(hidden, layout, offset)
         self.count_tokens(rows, hidden, layout, offset)
         with prange("forward"):
             hidden = self.run_layers(hidden, layout, prefix, rows=rows, step=step)
             logits = self.window_logits(hidden, offset, wmax)
         self.stats.nfe += 1
-        if cfg:
-            cond, un = logits.chunk(2, dim=0)
-            logits = un + (self.gen.cfg_scale + 1) * (cond - un)
-        return logits
+        return self.combine_guidance(logits, cfg)
 
     # -- sampling -----------------------------------------------------------------------------
     def live_masks(self, rows: list[int], wmax: int) -> torch.Tensor:
@@ -457,8 +490,8 @@ class DecodeRun:
             probs_t = []
             for r in rows:
                 plan = self.plans[r]
-                t, s = plan.timesteps[step], plan.timesteps[step + 1]
-                probs_t.append(1 - s / t if step < plan.steps - 1 else torch.tensor(1.0))
+                t, s = plan.ts[step]
+                probs_t.append(torch.tensor(1.0) if plan.last[step] else 1 - s / t)
             p_transfer = torch.stack([torch.as_tensor(p, dtype=torch.float32) for p in probs_t]).to(self.device)
             draws = self._uniform_items(rows, masked, item_rows)
             transfer = draws < p_transfer[item_rows]
@@ -479,7 +512,8 @@ class DecodeRun:
             plan = self.plans[r]
             k = plan.counts[step]
             if k is None:
-                k = dream_count(int(masked[local].sum()), step, plan.steps, plan.timesteps)
+                t, s = plan.ts[step]
+                k = dream_count(int(masked[local].sum()), t, s, plan.last[step])
             counts.append(min(int(k), int(masked[local].sum())))
         full_conf = torch.full(masked.shape, NEG_INF, dtype=logits.dtype, device=self.device)
         full_conf[masked] = conf.to(logits.dtype)
@@ -540,8 +574,7 @@ class DecodeRun:
                 continue
             if self.flavor.startswith("lavida"):
                 # LaViDa skips a step whose block has no mask left
-                start = 0 if self.model.family == "dream" else (plan.block_ends[step] - 1) // self.gen.block * self.gen.block
-                if not bool((self.x[b, start: plan.block_ends[step]] == self.ids.mask).any()):
+                if not bool((self.x[b, plan.block_starts[step]: plan.block_ends[step]] == self.ids.mask).any()):
                     continue
             rows.append(b)
         return rows
@@ -576,6 +609,7 @@ class DecodeRun:
         while self.step(step):
             step += 1
             if bar is not None:
+                bar.total = max(bar.total, max(p.steps for p in self.plans))
                 bar.update(1)
         if bar is not None:
             bar.close()
@@ -587,6 +621,8 @@ class DecodeRun:
                 window[b, self.wlen[b]:] = self.ids.eos
         self.stats.tokens_computed_per_request = list(self.per_request_tokens)
         self.stats.steps = list(self.steps_done)
+        if hasattr(self, "seer_stats"):
+            self.stats.extra["seer"] = self.seer_stats()
         sequences = torch.cat([self.input_ids, window], dim=1)
         return GenerationOutput(sequences, window, first_end_positions(window, self.ids.end_ids), self.stats,
                                 self.ids.end_ids)

@@ -73,9 +73,8 @@ def dream_timesteps(steps: int, eps: float) -> torch.Tensor:
     return torch.linspace(1, eps, steps + 1)
 
 
-def dream_count(mask_count: int, step: int, steps: int, timesteps: torch.Tensor) -> int:
+def dream_count(mask_count: int, t: torch.Tensor, s: torch.Tensor, last: bool) -> int:
     """Dream's transfer count for one row: ``int(masks * (1 - s / t))``, everything at the last step."""
-    if step >= steps - 1:
+    if last:
         return int(mask_count)
-    t, s = timesteps[step], timesteps[step + 1]
     return int(torch.tensor(float(mask_count), dtype=torch.float32) * (1 - s / t))

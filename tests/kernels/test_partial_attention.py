@@ -1,4 +1,4 @@
-"""seer_kernels.partial_attention: Triton (interpreter) against fp64 truth, the DyLLM identity, edges."""
+"""seer_kernels.partial_attn: Triton (interpreter) against fp64 truth, the DyLLM identity, edges."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from seer_kernels import kernel_backend
-from seer_kernels.partial_attention import _CONFIGS, partial_attention, partial_attention_reference
+from seer_kernels.partial_attn import _CONFIGS, partial_attention, partial_attention_reference
 from tests.tolerances import assert_within_baseline_error
 
 pytestmark = [pytest.mark.interpreter, pytest.mark.partial_attention]

@@ -1,0 +1,164 @@
+"""The embedded demo model: a small LaViDa-LLaDA (``llava_llada``) trained by ``train.py`` here.
+
+It ships with the package (``config.json``, ``model.safetensors``, ``tokenizer.json``,
+``train_log.json`` in :data:`EMBEDDED_DIR`), so the demo and the tests run offline on a fresh
+machine. The tokenizer is word-level with LLaDA's special-token roles:
+
+================================  ====================================================
+``<|startoftext|>``               BOS, before the first turn only
+``<|endoftext|>``                 EOS = PAD (fills the response window after the answer)
+``<|mdm_mask|>``                  the mask token of the diffusion process
+``<|start_header_id|>`` / ``<|end_header_id|>``  around a role name (``user`` / ``assistant``)
+``<|eot_id|>``                    end of turn (ends the answer, before the EOS run)
+``<image>``                       not a vocabulary entry: encodes to ``IMAGE_TOKEN_INDEX`` (-200)
+================================  ====================================================
+
+Prompt (LLaDA's chat template without its newlines, which a word-level tokenizer drops)::
+
+    <|startoftext|> <|start_header_id|> user <|end_header_id|> [<image>] question <|eot_id|>
+    <|start_header_id|> assistant <|end_header_id|>
+
+followed by a response window of ``RESPONSE_WINDOW`` (32) positions: answer, ``<|eot_id|>``,
+then ``<|endoftext|>`` to the end of the window, as LLaDA's SFT data pads it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+EMBEDDED_DIR = Path(__file__).resolve().parent
+RESPONSE_WINDOW = 32
+IMAGE_TOKEN_INDEX = -200  # == model_adapters.IMAGE_TOKEN_INDEX (kept literal to avoid an import cycle)
+
+UNK, BOS, EOS, MASK = "<unk>", "<|startoftext|>", "<|endoftext|>", "<|mdm_mask|>"
+START_HEADER, END_HEADER, EOT = "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"
+SPECIAL_TOKENS = [UNK, BOS, EOS, MASK, START_HEADER, END_HEADER, EOT]
+IMAGE_MARKER = "<image>"
+
+
+def build_tokenizer():
+    """The word-level ``tokenizers.Tokenizer``: special tokens (ids 0..6) then the task words."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from .tasks import vocabulary_words
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    for w in vocabulary_words():
+        vocab.setdefault(w, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens(SPECIAL_TOKENS)
+    return tok
+
+
+class EmbeddedTokenizer:
+    """Wraps the ``tokenizers`` word-level tokenizer with the chat template and special ids.
+
+    ``encode(text)`` -> ids, with every ``<image>`` turned into -200; ``decode(ids)`` drops -200
+    and, by default, the special tokens; ``chat_prompt(question, with_image)`` builds a prompt.
+    """
+
+    def __init__(self, tokenizer=None):
+        if tokenizer is None:
+            tokenizer = EMBEDDED_DIR / "tokenizer.json"
+        if isinstance(tokenizer, (str, Path)):
+            from tokenizers import Tokenizer
+
+            tokenizer = Tokenizer.from_file(str(tokenizer))
+        self.tokenizer = tokenizer
+        ids = {t: tokenizer.token_to_id(t) for t in SPECIAL_TOKENS}
+        missing = [t for t, i in ids.items() if i is None]
+        if missing:
+            raise ValueError(f"tokenizer lacks the special tokens {missing}")
+        self.unk_id, self.bos_id, self.eos_id, self.mask_id = ids[UNK], ids[BOS], ids[EOS], ids[MASK]
+        self.start_header_id, self.end_header_id, self.eot_id = ids[START_HEADER], ids[END_HEADER], ids[EOT]
+        self.pad_id = self.eos_id
+        self.special_ids = frozenset(ids.values())
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def token_ids(self):
+        """The special ids as :class:`seer_runtime.layout.TokenIds`."""
+        from seer_runtime.layout import TokenIds
+
+        return TokenIds(mask=self.mask_id, eos=self.eos_id, eot=self.eot_id, pad=self.pad_id, bos=self.bos_id)
+
+    def config_ids(self) -> dict:
+        """The ``config.json`` keys the LLaDA definition reads."""
+        return {"mask_token_id": self.mask_id, "eos_token_id": self.eos_id, "eot_token_id": self.eot_id,
+                "pad_token_id": self.pad_id, "bos_token_id": self.bos_id}
+
+    def encode(self, text: str) -> list[int]:
+        """Text -> ids; ``<image>`` -> -200; unknown words -> ``<unk>`` (id 0). No BOS is added."""
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        ids: list[int] = []
+        for k, piece in enumerate(text.split(IMAGE_MARKER)):
+            if k:
+                ids.append(IMAGE_TOKEN_INDEX)
+            if piece.strip():
+                ids.extend(self.tokenizer.encode(piece, add_special_tokens=False).ids)
+        return ids
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        """Ids (list or 1-D tensor) -> space-joined words; -200 and out-of-vocabulary ids are dropped."""
+        if isinstance(ids, torch.Tensor):
+            ids = ids.tolist()
+        n = self.vocab_size
+        keep = [int(i) for i in ids if 0 <= int(i) < n]
+        return self.tokenizer.decode(keep, skip_special_tokens=skip_special_tokens)
+
+    def chat_prompt(self, question: str, with_image: bool = False) -> list[int]:
+        """Prompt ids: BOS, user header, [-200], question, end of turn, assistant header.
+
+        with_image: put the image placeholder before the question (unless the question already
+        holds ``<image>``).
+        """
+        content = self.encode(question)
+        if with_image and IMAGE_TOKEN_INDEX not in content:
+            content = [IMAGE_TOKEN_INDEX] + content
+        user = self.tokenizer.token_to_id("user")
+        assistant = self.tokenizer.token_to_id("assistant")
+        return ([self.bos_id, self.start_header_id, user, self.end_header_id] + content
+                + [self.eot_id, self.start_header_id, assistant, self.end_header_id])
+
+    def pad_batch(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Left-pad prompt id lists with PAD: ``(input_ids [B, L] int64, attention_mask [B, L] int64)``."""
+        if not prompts:
+            raise ValueError("prompts must not be empty")
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros(len(prompts), width, dtype=torch.long)
+        for r, p in enumerate(prompts):
+            if p:
+                ids[r, width - len(p):] = torch.tensor(p, dtype=torch.long)
+                mask[r, width - len(p):] = 1
+        return ids, mask
+
+    def response_window(self, answer: str, window: int = RESPONSE_WINDOW) -> list[int]:
+        """The training target of a response window: answer, end of turn, EOS padding to ``window``."""
+        ids = self.encode(answer) + [self.eot_id]
+        if len(ids) > window:
+            raise ValueError(f"answer of {len(ids) - 1} tokens does not fit a window of {window}")
+        return ids + [self.eos_id] * (window - len(ids))
+
+
+def load_embedded(dtype: torch.dtype | None = None, device: str | torch.device = "cpu", path=None):
+    """Load the shipped model and tokenizer offline: ``(model, EmbeddedTokenizer)``.
+
+    dtype: None -> float32 (the weights are stored in fp16 to keep the package small and are
+    upcast for CPU use); otherwise that dtype. path: another directory written by ``train.py``.
+    """
+    from model_adapters.loading import load_model
+
+    folder = Path(path) if path is not None else EMBEDDED_DIR
+    model = load_model(folder, dtype=torch.float32 if dtype is None else dtype, device=device)
+    return model, EmbeddedTokenizer(folder / "tokenizer.json")
+
+
+__all__ = ["EMBEDDED_DIR", "RESPONSE_WINDOW", "EmbeddedTokenizer", "build_tokenizer", "load_embedded"]

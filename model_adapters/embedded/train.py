@@ -1,0 +1,429 @@
+"""Train the embedded demo model: a small LaViDa-LLaDA on the procedural tasks of ``tasks.py``.
+
+    python -m model_adapters.embedded.train [--minutes 60] [--seed 0] [--out DIR]
+
+Recipe (LLaDA SFT, ``reference/MODELS.md`` §1.7; LaViDa §4.4-4.5):
+
+* prompt = BOS, user header, [image], question, end of turn, assistant header; left-padded;
+  never masked. Embeddings come from ``model.embed_prompt`` (image features replace -200).
+* response window of ``RESPONSE_WINDOW`` = 32 positions: answer, ``<|eot_id|>``, then
+  ``<|endoftext|>`` padding to the end; every response position is masked independently with
+  probability t, t ~ U(eps, 1) per sample (stratified over the batch);
+* loss = sum over masked positions of CE / t, divided by the window length W per sample and
+  averaged over the batch (LLaDA's SFT normalisation);
+* attention: per sample either full bidirectional or the prefix-LM mask (prompt rows attend only
+  to the prompt; response rows to everything), ``--prefix-lm-fraction`` (0.5) of the samples,
+  because inference uses LaViDa's prefix K/V cache (the prompt computed once, seeing itself).
+
+Determinism: the data stream, the masks and the initialisation come from ``--seed``, the thread
+count is fixed (``--threads``, 2), and the run length is a number of optimizer steps:
+``--minutes`` converts to steps with a fixed rate measured on the reference machine (2 shared
+AMD EPYC cores), not with a clock, so the same command gives the same weights on any machine
+with the same thread count (a faster machine just finishes sooner). ``--steps`` overrides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from . import EMBEDDED_DIR, RESPONSE_WINDOW, EmbeddedTokenizer, build_tokenizer
+from .tasks import HELDOUT_SEED, IMAGE_SIZE, RequestStream, TaskRequest, make_requests
+
+# Optimizer steps per reference minute (2 shared AMD EPYC cores, batch 48, the default size).
+STEPS_PER_REFERENCE_MINUTE = 60.0
+
+
+def model_config(tok: EmbeddedTokenizer, *, d_model: int = 192, n_layers: int = 6, n_heads: int = 6,
+                 mlp_hidden: int = 512, vision_hidden: int = 64, vision_layers: int = 2) -> dict:
+    """The ``config.json`` of the demo model (a ``llava_llada`` with a small SigLIP tower)."""
+    from model_adapters.configs import LLADA_8B_INSTRUCT
+
+    vocab = tok.vocab_size
+    cfg = dict(LLADA_8B_INSTRUCT)
+    cfg.update(
+        model_type="llava_llada", architectures=["LlavaLladaForMaskedDiffusion"],
+        d_model=d_model, n_heads=n_heads, n_kv_heads=n_heads, n_layers=n_layers, mlp_hidden_size=mlp_hidden,
+        mlp_ratio=mlp_hidden / d_model, vocab_size=vocab, embedding_size=vocab, rope_theta=10000.0,
+        max_sequence_length=128, precision="fp32", **tok.config_ids(),
+        # LaViDa's LLaVA fields, sized for 48 px images: 6x6 patches -> 3x3 pooled + 1 newline
+        mm_vision_tower="embedded-siglip-tiny", mm_projector_type="mlp2x_gelu", mm_hidden_size=vision_hidden,
+        mm_vision_select_layer=-2, mm_spatial_pool_mode="bilinear", mm_spatial_pool_stride=2,
+        mm_patch_merge_type="spatial_unpad", image_aspect_ratio="square", mm_newline_position="one_token",
+        vision_drop_last_layers=1,
+        vision_config={"hidden_size": vision_hidden, "intermediate_size": 2 * vision_hidden,
+                       # one more layer than kept: LaViDa builds SigLIP then drops its last layer
+                       "num_hidden_layers": vision_layers + 1,
+                       "num_attention_heads": max(1, vision_hidden // 32),
+                       "patch_size": 8, "image_size": IMAGE_SIZE, "layer_norm_eps": 1e-6, "num_channels": 3},
+        response_window=RESPONSE_WINDOW,
+    )
+    cfg.pop("image_grid_pinpoints", None)
+    return cfg
+
+
+def init_weights(model: torch.nn.Module, n_layers: int, generator: torch.Generator) -> None:
+    """GPT-style init everywhere, the vision tower included: N(0, 0.02) weights (residual output
+    projections scaled by 1/sqrt(2 n_layers)), zero biases, unit norms.
+
+    The vision tower matters most: with PyTorch's default init (position embedding N(0, 1),
+    kaiming convolutions and linears) and no final norm (LaViDa reads SigLIP before
+    ``post_layernorm``), projected image tokens came out ~2500x the norm of text embeddings, and
+    after 1200 steps the model still ignored the image."""
+    small = 0.02 / math.sqrt(2 * n_layers)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("image_newline"):
+                p.normal_(0.0, 0.02, generator=generator)
+            elif "norm" in name:
+                continue  # RMSNorm / LayerNorm weights stay 1, LayerNorm biases 0
+            elif name.endswith(".bias"):
+                p.zero_()
+            elif name.endswith(("attn_out.weight", "self_attn.out_proj.weight", "mlp.fc2.weight")) or (
+                    ".blocks." in name and name.endswith("ff_out.weight")):
+                p.normal_(0.0, small, generator=generator)
+            else:
+                p.normal_(0.0, 0.02, generator=generator)
+
+
+# ------------------------------------------------------------------------------------ batches
+def prompt_batch(model, tok: EmbeddedTokenizer, reqs: list[TaskRequest]):
+    """Prompt embeddings ``[B, Lp, D]`` and bool key mask ``[B, Lp]`` (left-padded) for requests."""
+    ids, mask = tok.pad_batch([tok.chat_prompt(r.question, r.has_image) for r in reqs])
+    images = [r.image_input() for r in reqs]
+    embeds, pmask = model.embed_prompt(ids.to(model.device), mask.to(model.device), images)
+    if pmask is None:
+        pmask = torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device)
+    return embeds, pmask.bool()
+
+
+def training_loss(model, tok: EmbeddedTokenizer, reqs: list[TaskRequest], gen: torch.Generator, *,
+                  window: int, eps: float, prefix_lm_fraction: float) -> torch.Tensor:
+    """LLaDA's SFT loss on one batch (see the module docstring)."""
+    from seer_runtime.layout import PaddedLayout
+
+    b = len(reqs)
+    dev = model.device
+    target = torch.tensor([tok.response_window(r.answer, window) for r in reqs], dtype=torch.long)
+    # t per sample, stratified over the batch, mapped to [eps, 1)
+    strata = (torch.randperm(b, generator=gen) + torch.rand(b, generator=gen)) / b
+    t = eps + (1.0 - eps) * strata
+    masked = torch.rand(b, window, generator=gen) < t[:, None]
+    prefix_lm = torch.rand(b, generator=gen) < prefix_lm_fraction
+    target, masked, t, prefix_lm = target.to(dev), masked.to(dev), t.to(dev), prefix_lm.to(dev)
+    noisy = torch.where(masked, torch.full_like(target, tok.mask_id), target)
+
+    p_embeds, p_mask = prompt_batch(model, tok, reqs)
+    lp = p_embeds.shape[1]
+    embeds = torch.cat([p_embeds, model.embed(noisy)], dim=1)
+    length = lp + window
+    keys = torch.cat([p_mask, torch.ones(b, window, dtype=torch.bool, device=dev)], dim=1)
+    allowed = keys[:, None, :].expand(b, length, length).clone()
+    allowed[:, :lp, lp:] &= ~prefix_lm[:, None, None]  # prompt rows do not see the response
+    positions = torch.arange(length, device=dev).expand(b, length)
+    logits = model.forward_embeds(embeds, PaddedLayout(positions, attn_mask=allowed[:, None]))[:, lp:]
+    ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="none")
+    ce = ce.view(b, window)
+    return (ce * masked / t[:, None]).sum() / (b * window)
+
+
+# ------------------------------------------------------------------------------------ evaluation
+@torch.no_grad()
+def step0_logits(model, tok: EmbeddedTokenizer, reqs: list[TaskRequest], window: int = RESPONSE_WINDOW,
+                 prefix_cache: bool = True) -> torch.Tensor:
+    """Logits ``[B, W, V]`` of the all-mask response window at denoising step 0.
+
+    prefix_cache=True: the prompt is prefilled once (attending only to itself) and the window
+    attends to the cached prompt and itself, as LaViDa's prefix-DLM cache runs it.
+    """
+    from seer_runtime.layout import PaddedLayout
+
+    b = len(reqs)
+    dev = model.device
+    p_embeds, p_mask = prompt_batch(model, tok, reqs)
+    lp = p_embeds.shape[1]
+    w_embeds = model.embed(torch.full((b, window), tok.mask_id, dtype=torch.long, device=dev))
+    keys = torch.cat([p_mask, torch.ones(b, window, dtype=torch.bool, device=dev)], dim=1)
+    if prefix_cache:
+        cache, _ = model.prefill(p_embeds, p_mask, torch.arange(lp, device=dev).expand(b, lp))
+        layout = PaddedLayout(torch.arange(lp, lp + window, device=dev).expand(b, window), key_mask=keys)
+        return model.forward_embeds(w_embeds, layout, prefix=cache)
+    layout = PaddedLayout(torch.arange(lp + window, device=dev).expand(b, lp + window), key_mask=keys)
+    return model.forward_embeds(torch.cat([p_embeds, w_embeds], 1), layout)[:, lp:]
+
+
+def first_end(ids: torch.Tensor, end_ids: tuple[int, ...]) -> torch.Tensor:
+    """Index of the first end token (EOS / end of turn) per row of ``ids [B, W]``; W when none."""
+    is_end = torch.zeros_like(ids, dtype=torch.bool)
+    for e in end_ids:
+        is_end |= ids == e
+    w = ids.shape[1]
+    idx = torch.where(is_end, torch.arange(w, device=ids.device), torch.full_like(ids, w))
+    return idx.min(dim=1).values
+
+
+@torch.no_grad()
+def evaluate_step0(model, tok: EmbeddedTokenizer, reqs: list[TaskRequest], *, window: int = RESPONSE_WINDOW,
+                   batch_size: int = 64, per_kind: bool = False) -> dict:
+    """Step-0 proxies on ``reqs``: answer-length accuracy (first end token of the step-0 argmax at
+    the true answer end), per-token accuracy of the argmax (whole window / answer positions), and
+    the fraction of windows whose step-0 argmax is already entirely right."""
+    was_training = model.training
+    model.eval()
+    n_len = n_tok = n_ans_ok = n_ans = n_exact = 0
+    kinds: dict[str, list[int]] = {}
+    for s in range(0, len(reqs), batch_size):
+        chunk = reqs[s: s + batch_size]
+        target = torch.tensor([tok.response_window(r.answer, window) for r in chunk], device=model.device)
+        pred = step0_logits(model, tok, chunk, window).argmax(-1)
+        true_len = torch.tensor([r.answer_tokens for r in chunk], device=model.device)
+        len_ok = first_end(pred, (tok.eos_id, tok.eot_id)) == true_len
+        n_len += int(len_ok.sum())
+        n_tok += int((pred == target).sum())
+        ans_pos = torch.arange(window, device=model.device)[None] < true_len[:, None]
+        n_ans_ok += int(((pred == target) & ans_pos).sum())
+        n_ans += int(ans_pos.sum())
+        exact = (pred == target).all(dim=1)
+        n_exact += int(exact.sum())
+        for r, lo, ex in zip(chunk, len_ok.tolist(), exact.tolist()):
+            k = kinds.setdefault(r.kind, [0, 0, 0])
+            k[0] += 1
+            k[1] += lo
+            k[2] += ex
+    model.train(was_training)
+    n = max(len(reqs), 1)
+    out = {"requests": len(reqs), "step0_length_acc": n_len / n, "step0_token_acc": n_tok / (n * window),
+           "step0_answer_token_acc": n_ans_ok / max(n_ans, 1), "step0_window_exact": n_exact / n}
+    if per_kind:
+        out["per_kind"] = {k: {"n": v[0], "length_acc": v[1] / v[0], "window_exact": v[2] / v[0]}
+                           for k, v in sorted(kinds.items())}
+    return out
+
+
+def engine_available() -> bool:
+    try:
+        import seer_runtime
+
+        return hasattr(seer_runtime, "generate") and hasattr(seer_runtime, "GenerationConfig")
+    except Exception:  # noqa: BLE001 - any import problem means "not yet"
+        return False
+
+
+@torch.no_grad()
+def decode_requests(model, tok: EmbeddedTokenizer, reqs: list[TaskRequest], *, window: int = RESPONSE_WINDOW,
+                    prefix_cache: bool = True, seer=None):
+    """Decode ``reqs`` with ``seer_runtime.generate`` (gen_length = steps = block_length = W,
+    argmax, low-confidence remasking) -> the engine's ``GenerationOutput``."""
+    import seer_runtime
+
+    gen = seer_runtime.GenerationConfig(gen_length=window, steps=window, block_length=window,
+                                        prefix_cache=prefix_cache)
+    ids, mask = tok.pad_batch([tok.chat_prompt(r.question, r.has_image) for r in reqs])
+    return seer_runtime.generate(model, ids.to(model.device), attention_mask=mask.to(model.device),
+                                 images=[r.image_input() for r in reqs], gen=gen, seer=seer)
+
+
+def exact_matches(tok: EmbeddedTokenizer, reqs: list[TaskRequest], out) -> list[bool]:
+    """Per request: the window decodes to the answer (text before the first EOS / end of turn
+    equals it) and only end tokens follow it."""
+    ends = {tok.eos_id, tok.eot_id}
+    hits = []
+    for i, r in enumerate(reqs):
+        answer = out.answer_ids(i)
+        tail = out.responses[i].tolist()[len(answer):]
+        hits.append(tok.decode(answer) == r.answer and all(t in ends for t in tail))
+    return hits
+
+
+@torch.no_grad()
+def evaluate_decoding(model, tok: EmbeddedTokenizer, reqs: list[TaskRequest], *,
+                      window: int = RESPONSE_WINDOW, batch_size: int = 50,
+                      per_kind: bool = False) -> dict | None:
+    """Held-out exact match of the baseline decoder (prefix cache on); None without the engine."""
+    if not engine_available():
+        return None
+    was_training = model.training
+    model.eval()
+    hits: list[bool] = []
+    for s in range(0, len(reqs), batch_size):
+        chunk = reqs[s: s + batch_size]
+        hits += exact_matches(tok, chunk, decode_requests(model, tok, chunk, window=window))
+    model.train(was_training)
+    res = {"requests": len(reqs), "exact_match": sum(hits) / max(len(reqs), 1)}
+    if per_kind:
+        kinds: dict[str, list[int]] = {}
+        for r, h in zip(reqs, hits):
+            k = kinds.setdefault(r.kind, [0, 0])
+            k[0] += 1
+            k[1] += h
+        res["per_kind"] = {k: round(v[1] / v[0], 4) for k, v in sorted(kinds.items())}
+    return res
+
+
+# ------------------------------------------------------------------------------------ main
+def lr_at(step: int, total: int, peak: float, warmup: int, floor: float) -> float:
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m model_adapters.embedded.train",
+                                description=__doc__.split("\n")[0])
+    p.add_argument("--minutes", type=float, default=60.0,
+                   help="budget in reference-machine minutes, converted to a fixed step count (default 60)")
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps (overrides --minutes)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=EMBEDDED_DIR)
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads (default 1: on 2 shared busy cores, 2 threads ran 6x slower)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--batch-size", type=int, default=48)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--weight-decay", type=float, default=0.05)
+    p.add_argument("--d-model", type=int, default=192)
+    p.add_argument("--layers", type=int, default=6)
+    p.add_argument("--heads", type=int, default=6)
+    p.add_argument("--mlp", type=int, default=512)
+    p.add_argument("--vision-hidden", type=int, default=64)
+    p.add_argument("--prefix-lm-fraction", type=float, default=0.5)
+    p.add_argument("--eval-every", type=int, default=0, help="steps between held-out checks (0: 6 per run)")
+    p.add_argument("--eval-requests", type=int, default=256)
+    p.add_argument("--final-eval-requests", type=int, default=1000)
+    p.add_argument("--init-from", type=Path, default=None,
+                   help="start from the weights and config of a directory this script wrote (phase 2)")
+    p.add_argument("--checkpoint-dir", type=Path, default=None,
+                   help="also save the weights at every held-out check there (for inspection or --init-from)")
+    p.add_argument("--warmup", type=int, default=None, help="warm-up steps (default: steps/20, at most 300)")
+    p.add_argument("--save-dtype", choices=["float16", "float32"], default="float16")
+    p.add_argument("--no-bf16", dest="bf16", action="store_false",
+                   help="train in plain fp32 (default on CPU: bf16 autocast, fp32 master weights)")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    from tqdm import tqdm
+
+    from model_adapters.loading import build_model, save_model
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    steps = args.steps if args.steps is not None else max(1, round(args.minutes * STEPS_PER_REFERENCE_MINUTE))
+    eval_every = args.eval_every or max(1, steps // 6)
+
+    tok = EmbeddedTokenizer(build_tokenizer())
+    cfg = model_config(tok, d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
+                       mlp_hidden=args.mlp, vision_hidden=args.vision_hidden)
+    if args.init_from is not None:
+        from model_adapters.loading import load_model
+
+        model = load_model(args.init_from, dtype=torch.float32, device=device)
+        cfg = dict(model.config)
+        cfg.pop("torch_dtype", None)
+        model.config = cfg
+    else:
+        model = build_model(cfg, device=device)
+        init_weights(model, args.layers, torch.Generator().manual_seed(args.seed))
+    model.train()
+    n_params = sum(p.numel() for p in model.parameters())
+
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "wte" not in n]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2 or "wte" in n]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=args.lr, betas=(0.9, 0.98), eps=1e-8)
+    warmup = args.warmup if args.warmup is not None else max(1, min(300, steps // 20))
+    stream = RequestStream(args.seed)
+    mask_gen = torch.Generator().manual_seed(args.seed + 1)
+    heldout = make_requests(max(args.eval_requests, args.final_eval_requests), "heldout", seed=HELDOUT_SEED)
+    probe = heldout[: args.eval_requests]
+
+    log = {"command": " ".join([sys.executable.split("/")[-1], "-m", "model_adapters.embedded.train",
+                                *(argv if argv is not None else sys.argv[1:])]),
+           "seed": args.seed, "minutes": args.minutes, "steps": steps,
+           "init_from": None if args.init_from is None else str(args.init_from),
+           "args": {k: str(v) for k, v in vars(args).items()},
+           "parameters": n_params, "window": RESPONSE_WINDOW,
+           "machine": f"{platform.machine()} {platform.processor()} {torch.get_num_threads()} threads, "
+                      f"device {device}", "torch": torch.__version__,
+           "loss_curve": [], "eval_curve": []}
+    if args.init_from is not None and (Path(args.init_from) / "train_log.json").is_file():
+        with open(Path(args.init_from) / "train_log.json") as f:
+            log["previous_phase"] = json.load(f)
+    print(f"embedded demo model: {n_params:,} parameters, {steps} steps of batch {args.batch_size}, "
+          f"window {RESPONSE_WINDOW}, device {device}", flush=True)
+    start = time.perf_counter()
+    running, running_n = 0.0, 0
+    bar = tqdm(range(steps), desc="train", dynamic_ncols=True, mininterval=2.0)
+    for step in bar:
+        lr = lr_at(step, steps, args.lr, warmup, args.lr * 0.03)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        reqs = stream.next_batch(args.batch_size)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16 and device.type == "cpu"):
+            loss = training_loss(model, tok, reqs, mask_gen, window=RESPONSE_WINDOW, eps=1e-3,
+                                 prefix_lm_fraction=args.prefix_lm_fraction)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        running += loss.item()
+        running_n += 1
+        if (step + 1) % 25 == 0 or step + 1 == steps:
+            log["loss_curve"].append({"step": step + 1, "loss": running / running_n, "lr": lr,
+                                      "elapsed_s": round(time.perf_counter() - start, 1)})
+            bar.set_postfix(loss=f"{running / running_n:.4f}", lr=f"{lr:.2e}")
+            running, running_n = 0.0, 0
+        if (step + 1) % eval_every == 0 and step + 1 < steps:
+            m = evaluate_step0(model, tok, probe)
+            dec = evaluate_decoding(model, tok, probe[:96])
+            m.update(step=step + 1, elapsed_s=round(time.perf_counter() - start, 1),
+                     exact_match_96=None if dec is None else dec["exact_match"])
+            log["eval_curve"].append(m)
+            if args.checkpoint_dir is not None:
+                save_model(model, Path(args.checkpoint_dir) / f"step{step + 1}")
+                build_tokenizer().save(str(Path(args.checkpoint_dir) / f"step{step + 1}" / "tokenizer.json"))
+            bar.write(f"step {step + 1}: held-out step-0 length acc {m['step0_length_acc']:.3f}, "
+                      f"token acc {m['step0_token_acc']:.3f}, window exact {m['step0_window_exact']:.3f}, "
+                      f"decoded exact match (96) {m['exact_match_96']}")
+    train_s = time.perf_counter() - start
+    log["train_seconds"] = round(train_s, 1)
+
+    model.eval()
+    out_dir = Path(args.out)
+    save_dtype = torch.float16 if args.save_dtype == "float16" else torch.float32
+    stored = {k: v.detach().cpu().to(save_dtype) for k, v in model.state_dict().items()}
+    shipped = build_model(cfg, device="cpu", dtype=save_dtype)
+    shipped.load_state_dict(stored)
+    # evaluate what is shipped: the stored weights, upcast to fp32 as load_embedded does
+    final_model = build_model(cfg, device=device)
+    final_model.load_state_dict({k: v.float() for k, v in stored.items()})
+    final = evaluate_step0(final_model, tok, heldout[: args.final_eval_requests], per_kind=True)
+    dec = evaluate_decoding(final_model, tok, heldout[: args.final_eval_requests], per_kind=True)
+    log["heldout"] = {"seed": HELDOUT_SEED, **final, "decoding": dec, "weights": args.save_dtype}
+    print(json.dumps({k: v for k, v in final.items() if k != "per_kind"}, indent=1))
+    if dec is not None:
+        print(f"held-out exact match (baseline decoder): {dec['exact_match']:.4f}")
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_model(shipped, out_dir)
+    build_tokenizer().save(str(out_dir / "tokenizer.json"))
+    with open(out_dir / "train_log.json", "w") as f:
+        json.dump(log, f, indent=1)
+    print(f"wrote {out_dir} ({train_s / 60:.1f} min of training)")
+    return log
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""What the ``seer`` command line needs from the model layer, registered as the entry point
+``seer.models = model_adapters.services`` (pyproject.toml), so that ``seer_runtime`` never
+imports model definitions directly and other adapter packages can plug in the same way."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .chat import ChatTokenizer
+from .configs import tiny_config
+from .lavida import process_image
+from .loading import build_model, load_model
+
+
+def load_tokenizer(path: str | Path) -> ChatTokenizer:
+    return ChatTokenizer.from_pretrained(path)
+
+
+def load_image(model, path: str | Path):
+    """Read an image file and prepare it as the model's processor does (LaViDa: anyres)."""
+    from PIL import Image
+
+    if not getattr(model, "is_multimodal", False):
+        raise ValueError(f"--image was given, but {type(model).__name__} is a text-only model")
+    tower = model.model.vision_tower
+    cfg = model.config
+    anyres = str(cfg.get("image_aspect_ratio", "anyres")).startswith("anyres")
+    grid = [tuple(p) for p in cfg.get("image_grid_pinpoints", [])] or None
+    with Image.open(path) as img:
+        return process_image(img.convert("RGB"), image_size=tower.image_size, anyres=anyres, grid_pinpoints=grid)
+
+
+def tiny_random_model(kind: str = "lavida-llada", *, seed: int = 0):
+    import torch
+
+    torch.manual_seed(seed)
+    return build_model(tiny_config(kind))
+
+
+def embedded():
+    """The embedded demo model and its task generator (``model_adapters.embedded``)."""
+    from . import embedded as emb
+
+    return emb
+
+
+__all__ = ["build_model", "embedded", "load_image", "load_model", "load_tokenizer", "tiny_random_model"]

@@ -1,0 +1,117 @@
+"""Issue: the embedded demo model. The shipped weights load offline, the tokenizer round-trips,
+the task generator is deterministic, and held-out requests decode to their answers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import model_adapters as ma
+from model_adapters.embedded import (
+    EMBEDDED_DIR,
+    RESPONSE_WINDOW,
+    EmbeddedTokenizer,
+    build_tokenizer,
+    load_embedded,
+)
+from model_adapters.embedded.tasks import MAX_ANSWER_TOKENS, make_requests, vocabulary_words
+
+pytestmark = pytest.mark.models
+
+N_DECODE = 16  # held-out requests decoded end to end (fast: one batch, 32 steps)
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+    return load_embedded()
+
+
+def test_shipped_files_are_there_and_small():
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "train_log.json"):
+        assert (EMBEDDED_DIR / name).is_file(), name
+    assert (EMBEDDED_DIR / "model.safetensors").stat().st_size < 8_000_000
+    log = json.loads((EMBEDDED_DIR / "train_log.json").read_text())
+    assert log["window"] == RESPONSE_WINDOW and log["loss_curve"] and "heldout" in log
+
+
+def test_shipped_model_loads_offline(shipped):
+    model, tok = shipped
+    assert isinstance(model, ma.LlavaLladaForMaskedDiffusion)
+    assert model.num_layers >= 6 and model.dtype == torch.float32
+    assert model.token_ids == tok.token_ids  # config.json ids == tokenizer ids
+    assert model.vocab_size == tok.vocab_size
+    cfg = json.loads((EMBEDDED_DIR / "config.json").read_text())
+    assert cfg["model_type"] == "llava_llada" and cfg["mm_projector_type"] == "mlp2x_gelu"
+    # one extra SigLIP layer is built-then-dropped, as LaViDa does
+    kept = len(model.model.vision_tower.vision_tower.vision_model.encoder.layers)
+    assert kept == cfg["vision_config"]["num_hidden_layers"] - cfg["vision_drop_last_layers"]
+    half, _ = load_embedded(dtype=torch.float16)
+    assert half.dtype == torch.float16
+    # a 48 px image gives 3x3 pooled tokens + one newline
+    req = next(r for r in make_requests(10, "heldout") if r.has_image)
+    assert model.image_embeddings(req.image_input()).shape == (10, model.hidden_size)
+
+
+def test_tokenizer_round_trips(shipped):
+    _, tok = shipped
+    from tokenizers import Tokenizer
+
+    raw = Tokenizer.from_file(str(EMBEDDED_DIR / "tokenizer.json"))
+    assert raw.get_vocab() == build_tokenizer().get_vocab()
+    texts = ["how many red shapes are there ?", "red circle , nothing , blue square", "c a t", "seventeen"]
+    for text in texts:
+        ids = tok.encode(text)
+        assert tok.unk_id not in ids and tok.decode(ids) == text
+    assert tok.encode("how many?") == tok.encode("how many ?")
+    ids = tok.encode("<image> describe the grid")
+    assert ids[0] == ma.IMAGE_TOKEN_INDEX and tok.decode(ids) == "describe the grid"
+    prompt = tok.chat_prompt("spell cat", with_image=True)
+    assert prompt[:4] == [tok.bos_id, tok.start_header_id, tok.encode("user")[0], tok.end_header_id]
+    assert prompt[4] == ma.IMAGE_TOKEN_INDEX
+    assert prompt[-4:] == [tok.eot_id, tok.start_header_id, tok.encode("assistant")[0], tok.end_header_id]
+    head = "<|startoftext|> <|start_header_id|> user"
+    assert tok.decode(prompt, skip_special_tokens=False).startswith(head)
+    window = tok.response_window("c a t")
+    assert len(window) == RESPONSE_WINDOW and window[3] == tok.eot_id and set(window[4:]) == {tok.eos_id}
+    assert tok.pad_id == tok.eos_id and tok.mask_id not in (tok.eos_id, tok.eot_id)
+
+
+def test_task_generator_is_deterministic():
+    a, b = make_requests(24, "heldout"), make_requests(24, "heldout")
+    assert [(r.question, r.answer, r.kind) for r in a] == [(r.question, r.answer, r.kind) for r in b]
+    for x, y in zip(a, b):
+        assert (x.image is None) == (y.image is None)
+        if x.image is not None:
+            assert x.image.tobytes() == y.image.tobytes()
+            assert torch.equal(x.image_input().pixel_values, y.image_input().pixel_values)
+    train = make_requests(24, "train")
+    assert [r.question + r.answer for r in train] != [r.question + r.answer for r in a]
+    tok = EmbeddedTokenizer(build_tokenizer())
+    words = set(vocabulary_words())
+    for r in make_requests(300, "train", seed=7):
+        assert 1 <= r.answer_tokens <= MAX_ANSWER_TOKENS
+        assert len(tok.encode(r.answer)) == r.answer_tokens
+        assert set((r.question + " " + r.answer).split()) <= words
+    with pytest.raises(ValueError, match="split"):
+        make_requests(1, "test")
+
+
+def test_heldout_requests_decode_correctly(shipped):
+    seer_runtime = pytest.importorskip("seer_runtime")
+    if not hasattr(seer_runtime, "generate"):
+        pytest.skip("the decoding engine is not there yet")
+    from model_adapters.embedded.train import decode_requests, evaluate_step0, exact_matches
+
+    model, tok = shipped
+    reqs = make_requests(N_DECODE, "heldout")
+    assert any(r.has_image for r in reqs) and any(not r.has_image for r in reqs)
+    out = decode_requests(model, tok, reqs)
+    hits = exact_matches(tok, reqs, out)
+    wrong = [(r.question, r.answer, tok.decode(out.answer_ids(i))) for i, (r, h) in enumerate(zip(reqs, hits))
+             if not h]
+    assert sum(hits) >= N_DECODE - 1, wrong
+    # the model knows where its answer ends at step 0
+    assert evaluate_step0(model, tok, reqs)["step0_length_acc"] >= 0.8
