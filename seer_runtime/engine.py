@@ -393,11 +393,22 @@ class DecodeRun:
         return hidden, layout, None, self.Lp
 
     def run_layers(self, hidden, layout, prefix, *, rows: list[int], step: int):
-        """The layer loop (policies override or wrap this)."""
+        """The layer loop: every layer through :meth:`run_layer`."""
         rope = self.model.rope(layout.positions)
         for i in range(self.layers):
-            hidden = self.model.layer(i, hidden, layout, rope=rope, prefix=prefix)
+            hidden = self.run_layer(i, hidden, layout, rope=rope, prefix=prefix, rows=rows, step=step)
         return hidden
+
+    def run_layer(self, i, hidden, layout, *, rope, prefix, rows: list[int], step: int, taps=None):
+        """One layer of one forward; the per-layer fixed point that policies (DyLLM) override.
+
+        hidden [R, L, D]: R = len(rows) rows (twice that under classifier-free guidance), L =
+        offset + window positions; taps: requests from another policy (Seer's probe)."""
+        return self.model.layer(i, hidden, layout, rope=rope, prefix=prefix, taps=taps)
+
+    def on_cut(self, rows: list[int], offset: int, new_wmax: int) -> None:
+        """Called inside step 0 when Seer shortens the windows to ``new_wmax`` positions after
+        some layers already ran on the full window (policies holding per-layer state slice it)."""
 
     def window_logits(self, hidden, offset: int, wmax: int) -> torch.Tensor:
         """Logits of the window's positions, shifted for Dream (the state at i predicts i+1)."""

@@ -195,7 +195,7 @@ class SeerPolicy:
         positions_full = hidden.shape[0] * hidden.shape[1]
         for i in range(self.layers):
             taps = Taps(mlp_sparsity_eps=s.eps) if i in probe_set else None
-            hidden = self.model.layer(i, hidden, layout, rope=rope, prefix=prefix, taps=taps)
+            hidden = self.run_layer(i, hidden, layout, rope=rope, prefix=prefix, rows=rows, step=step, taps=taps)
             if taps is not None:
                 part = taps.mlp_sparsity[:n, offset: offset + W]
                 acc = part if acc is None else acc + part
@@ -212,6 +212,7 @@ class SeerPolicy:
                 self.apply_cut(keep_list)
                 wmax = max(self.wlen[r] for r in rows)
                 hidden, layout, rope = self._cut_inputs(rows, hidden, layout, rope, offset, wmax, cfg)
+                self.on_cut(rows, offset, wmax)
                 self.stats.tokens_computed += positions_full * (last + 1)
                 self.cut_positions = hidden.shape[0] * hidden.shape[1]
         self.stats.tokens_computed += self.cut_positions * (self.layers - last - 1)

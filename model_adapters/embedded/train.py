@@ -83,10 +83,10 @@ def init_weights(model: torch.nn.Module, n_layers: int, generator: torch.Generat
         for name, p in model.named_parameters():
             if name.endswith("image_newline"):
                 p.normal_(0.0, 0.02, generator=generator)
-            elif "norm" in name:
-                continue  # RMSNorm / LayerNorm weights stay 1, LayerNorm biases 0
             elif name.endswith(".bias"):
                 p.zero_()
+            elif p.dim() < 2:
+                continue  # RMSNorm / LayerNorm weights stay 1
             elif name.endswith(("attn_out.weight", "self_attn.out_proj.weight", "mlp.fc2.weight")) or (
                     ".blocks." in name and name.endswith("ff_out.weight")):
                 p.normal_(0.0, small, generator=generator)
