@@ -38,10 +38,12 @@ def tiny_random_model(kind: str = "lavida-llada", *, seed: int = 0):
 
 
 def embedded():
-    """The embedded demo model and its task generator (``model_adapters.embedded``)."""
-    from . import embedded as emb
+    """The embedded demo model's serving helpers (``model_adapters.embedded.serving``):
+    ``load_embedded``, ``demo_requests``, ``calibration_requests``, ``demo_generation_config``,
+    ``default_seer_config``."""
+    from .embedded import serving
 
-    return emb
+    return serving
 
 
 __all__ = ["build_model", "embedded", "load_image", "load_model", "load_tokenizer", "tiny_random_model"]

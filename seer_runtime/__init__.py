@@ -5,6 +5,7 @@ seer=None, dyllm=None)`` decodes a batch with any ``model_adapters`` model.
 """
 
 from .config import GenerationConfig
+from .dyllm import DyLLMConfig as DyLLMConfig
 from .engine import GenerationOutput, GenerationStats, generate
 
 __all__ = ["GenerationConfig", "GenerationOutput", "GenerationStats", "generate"]

@@ -47,7 +47,8 @@ class SeerConfig:
     """Seer's settings; validated on construction. See the module docstring.
 
     probe_layer: the layer whose MLP activation is read (0-based; the paper uses 3).
-    eps: absolute threshold: an entry counts as near-zero when ``|a| < eps``.
+    eps: absolute threshold: an entry counts as near-zero when ``|a| < eps``; with several
+        probe layers, one value for all or a tuple with one value per probe layer.
     tau_jump, gamma, window: the SNR test (defaults: the paper's knee 0.03, 0.6, 3).
     probe_layers: average the sparsity of several layers (the cut follows the last of them);
         None -> ``(probe_layer,)``.
@@ -60,7 +61,7 @@ class SeerConfig:
     """
 
     probe_layer: int = 3
-    eps: float = 0.1
+    eps: float | tuple[float, ...] = 0.1
     tau_jump: float = 0.03
     gamma: float = 0.6
     window: int = 3
@@ -79,7 +80,11 @@ class SeerConfig:
                 raise ValueError(msg)
 
         check(isinstance(self.probe_layer, int) and self.probe_layer >= 0, f"probe_layer must be >= 0, got {self.probe_layer!r}")
-        check(math.isfinite(self.eps) and self.eps >= 0, f"eps must be a finite number >= 0, got {self.eps!r}")
+        eps = self.eps if isinstance(self.eps, (tuple, list)) else (self.eps,)
+        if isinstance(self.eps, list):
+            object.__setattr__(self, "eps", tuple(self.eps))
+        check(all(isinstance(e, (int, float)) and math.isfinite(e) and e >= 0 for e in eps),
+              f"eps must be finite numbers >= 0, got {self.eps!r}")
         check(self.tau_jump > 0, f"tau_jump must be > 0, got {self.tau_jump!r}")
         check(self.gamma >= 0, f"gamma must be >= 0, got {self.gamma!r}")
         check(isinstance(self.window, int) and self.window >= 1, f"window must be an int >= 1, got {self.window!r}")
@@ -95,14 +100,26 @@ class SeerConfig:
               f"confirm_threshold must be in (0, 1], got {self.confirm_threshold!r}")
         check(self.guard_mode in ("extend", "redecode"), f"guard_mode must be extend or redecode, got {self.guard_mode!r}")
 
+        if isinstance(self.eps, tuple):
+            check(len(self.eps) == len(self.layers), f"eps has {len(self.eps)} values for {len(self.layers)} probe layers")
+        check(max(self.layers) == self.probe_layer or self.probe_layers is None,
+              f"probe_layer ({self.probe_layer}) must be the last of probe_layers {self.probe_layers}")
+
     @property
     def layers(self) -> tuple[int, ...]:
         return self.probe_layers if self.probe_layers is not None else (self.probe_layer,)
 
+    def eps_for(self, layer: int) -> float:
+        """The threshold used at probe layer ``layer``."""
+        if isinstance(self.eps, tuple):
+            return float(self.eps[self.layers.index(layer)])
+        return float(self.eps)
+
     def to_json(self, path: str | Path, **extra) -> None:
         data = asdict(self)
-        if data["probe_layers"] is not None:
-            data["probe_layers"] = list(data["probe_layers"])
+        for key in ("probe_layers", "eps"):
+            if isinstance(data[key], tuple):
+                data[key] = list(data[key])
         with open(path, "w") as f:
             json.dump({**data, **extra}, f, indent=2)
 
@@ -194,7 +211,7 @@ class SeerPolicy:
         acc = None
         positions_full = hidden.shape[0] * hidden.shape[1]
         for i in range(self.layers):
-            taps = Taps(mlp_sparsity_eps=s.eps) if i in probe_set else None
+            taps = Taps(mlp_sparsity_eps=s.eps_for(i)) if i in probe_set else None
             hidden = self.run_layer(i, hidden, layout, rope=rope, prefix=prefix, rows=rows, step=step, taps=taps)
             if taps is not None:
                 part = taps.mlp_sparsity[:n, offset: offset + W]

@@ -1,0 +1,113 @@
+"""The embedded model's requests and defaults, as the demo, calibration and benchmarks use them.
+
+* :func:`demo_generation_config` - how the embedded model is decoded: a 32-position window,
+  one token per step, one block, LaViDa's prefix KV cache, low-confidence remasking, and the
+  position-stable tie-break (so that a shorter window never changes which of two equally
+  confident positions is committed: baseline and Seer differ only by what Seer changes).
+* :func:`demo_requests` - held-out requests as ``seer_runtime.evaluate.Request`` objects.
+* :func:`calibration_requests` - the calibration set: a JSONL file (``question``, optional
+  ``image`` path, optional ``answer``) or, by default, a split disjoint from the demo's.
+* :func:`default_seer_config` - the calibrated Seer configuration shipped beside the weights.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from . import EMBEDDED_DIR, RESPONSE_WINDOW, EmbeddedTokenizer, load_embedded  # noqa: F401 (re-exported)
+from .tasks import make_requests
+
+CALIBRATION_SEED = 2_000_029
+SEER_CONFIG_FILE = EMBEDDED_DIR / "seer_config.json"
+
+
+def demo_generation_config():
+    from seer_runtime import GenerationConfig
+
+    return GenerationConfig(gen_length=RESPONSE_WINDOW, steps=RESPONSE_WINDOW, block_length=RESPONSE_WINDOW,
+                            remasking="low_confidence", prefix_cache=True, tie_break="stable")
+
+
+def to_requests(tasks, tokenizer: EmbeddedTokenizer):
+    from seer_runtime.evaluate import Request
+
+    return [Request(tokenizer.chat_prompt(t.question, with_image=t.has_image), t.image_input(),
+                    tokenizer.encode(t.answer)) for t in tasks]
+
+
+def demo_requests(n: int, tokenizer: EmbeddedTokenizer | None = None):
+    """``n`` held-out requests (the split the model was evaluated on) and their tasks."""
+    tokenizer = tokenizer or EmbeddedTokenizer()
+    tasks = make_requests(n, "heldout")
+    return to_requests(tasks, tokenizer), tasks
+
+
+def calibration_requests(data: str | Path | None = None, n: int | None = None, model=None,
+                         tokenizer: EmbeddedTokenizer | None = None):
+    """(requests, generation config) for ``seer calibrate`` on the embedded model.
+
+    data: a JSONL file with one object per line: ``question`` (str), optional ``image`` (a path,
+    relative to the file) and optional ``answer`` (the reference answer; without it the
+    baseline's own answer is the reference). None: ``n`` (default 128) generated requests from a
+    seed disjoint from training and from the demo's held-out split.
+    """
+    from seer_runtime.evaluate import Request
+
+    tokenizer = tokenizer or EmbeddedTokenizer()
+    if data is None:
+        tasks = make_requests(n or 128, "heldout", seed=CALIBRATION_SEED)
+        return to_requests(tasks, tokenizer), demo_generation_config()
+    from PIL import Image
+
+    from model_adapters.lavida import process_image
+
+    from .tasks import IMAGE_SIZE
+
+    path = Path(data)
+    requests = []
+    for line_no, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{line_no}: not JSON ({exc})") from None
+        if "question" not in item:
+            raise ValueError(f"{path}:{line_no}: missing 'question'")
+        image = None
+        if item.get("image"):
+            with Image.open(path.parent / item["image"]) as img:
+                image = process_image(img.convert("RGB"), image_size=IMAGE_SIZE, anyres=False)
+        truth = tokenizer.encode(item["answer"]) if item.get("answer") is not None else None
+        requests.append(Request(tokenizer.chat_prompt(item["question"], with_image=image is not None), image, truth))
+        if n is not None and len(requests) >= n:
+            break
+    if not requests:
+        raise ValueError(f"{path} holds no requests")
+    return requests, demo_generation_config()
+
+
+def write_calibration_jsonl(path: str | Path, n: int = 64) -> Path:
+    """Write ``n`` calibration requests as JSONL with PNG images beside it (a ``--data`` example)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for i, t in enumerate(make_requests(n, "heldout", seed=CALIBRATION_SEED)):
+        item = {"question": t.question, "answer": t.answer}
+        if t.image is not None:
+            name = f"{path.stem}_{i:04d}.png"
+            t.image.save(path.parent / name)
+            item["image"] = name
+        lines.append(json.dumps(item))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def default_seer_config():
+    """The Seer configuration chosen by ``seer calibrate`` for the shipped weights."""
+    from seer_runtime.seer import SeerConfig
+
+    if not SEER_CONFIG_FILE.is_file():
+        raise FileNotFoundError(f"{SEER_CONFIG_FILE} is missing: run `seer calibrate --out {SEER_CONFIG_FILE}`")
+    return SeerConfig.from_json(SEER_CONFIG_FILE)

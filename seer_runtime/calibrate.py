@@ -1,0 +1,320 @@
+"""Calibrate Seer for a checkpoint: which layer, which threshold, which SNR test.
+
+The paper leaves the sparsity tensor and threshold unspecified; every checkpoint needs its own.
+Calibration, on a set of requests with their baseline answers:
+
+1. **Profile** step-0 MLP sparsity of every early layer for a grid of thresholds
+   ``eps = factor x RMS(layer)`` (the RMS of the layer's MLP activation over the window,
+   measured on the first batch), and the step-0 end-of-answer probability.
+2. **Clarity** per (layer, eps): the jump of the sparsity at the true answer end (aligned over
+   requests) over the position-to-position wobble - where the jump-to-plateau is clearest.
+3. **Simulate** the boundary test on the stored profiles for a grid of (layers, eps, tau_jump,
+   gamma, baseline window, earliest position, probe): predicted over-truncation and the
+   tokens-computed speed-up under the engine's own step rule, and the paper's knee criterion
+   ``U = accuracy ratio + lambda log(speed-up)`` (over-truncations counted as failures).
+4. **Verify** the best few with real Seer runs on the same requests and keep the best real U.
+
+The choice is written as a :class:`SeerConfig` JSON that ``generate(..., seer=...)`` and
+``seer generate --seer FILE`` accept, with the measurements beside it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .config import GenerationConfig
+from .engine import DecodeRun, dream_plan, llada_plan
+from .evaluate import Request, pad_left, run_requests
+from .layout import Taps
+from .seer import SeerConfig, end_probability
+
+EPS_FACTORS = (0.05, 0.1, 0.2, 0.3, 0.5)
+TAU_GRID = (0.01, 0.02, 0.03, 0.04, 0.05, 0.06)
+GAMMA_GRID = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+
+
+@dataclass
+class Profiles:
+    """sparsity [layers, eps, N, W]; eps [layers, eps] absolute thresholds; rms [layers];
+    end_prob [N, W] step-0 P(EOS) + P(end-of-turn); layers: the profiled layer indices."""
+
+    sparsity: torch.Tensor
+    eps: torch.Tensor
+    rms: torch.Tensor
+    end_prob: torch.Tensor
+    layers: list[int]
+    factors: tuple[float, ...]
+
+
+@torch.no_grad()
+def step0_profiles(model, requests: list[Request], gen: GenerationConfig, *, layers: list[int],
+                   factors=EPS_FACTORS, batch_size: int = 16) -> Profiles:
+    """Run step 0 of every request and record the per-layer MLP sparsity for each threshold."""
+    from seer_kernels import mlp_sparsity
+
+    multimodal = bool(getattr(model, "is_multimodal", False))
+    sparsity, end_prob = [], []
+    eps = None
+    rms = None
+    for start in range(0, len(requests), batch_size):
+        batch = requests[start: start + batch_size]
+        ids, mask = pad_left([r.prompt_ids for r in batch], model.token_ids.pad)
+        run = DecodeRun(model, ids.to(model.device), None if mask is None else mask.to(model.device),
+                        [r.image for r in batch] if multimodal else None, gen)
+        rows = list(range(len(batch)))
+        hidden, layout, prefix, offset = run.window_inputs(rows, run.W)
+        rope = model.rope(layout.positions)
+        per_layer = []
+        for i in range(model.num_layers):
+            taps = Taps(keep_mlp_act=True) if i in layers else None
+            hidden = model.layer(i, hidden, layout, rope=rope, prefix=prefix, taps=taps)
+            if taps is not None:
+                per_layer.append(taps.mlp_act[:, offset: offset + run.W].float())
+        if rms is None:
+            rms = torch.stack([a.pow(2).mean().sqrt() for a in per_layer])
+            eps = torch.stack([r * torch.tensor(factors) for r in rms])
+        sparsity.append(torch.stack([
+            torch.stack([mlp_sparsity(a, float(e)) for e in eps[j]]) for j, a in enumerate(per_layer)
+        ]))
+        logits = run.window_logits(hidden, offset, run.W)
+        end_prob.append(end_probability(logits, model.token_ids.end_ids).cpu())
+    return Profiles(torch.cat(sparsity, dim=2).cpu(), eps.cpu(), rms.cpu(), torch.cat(end_prob), list(layers),
+                    tuple(factors))
+
+
+def clarity(profile: torch.Tensor, true_end: list[int]) -> tuple[float, float, float]:
+    """(jump, wobble, clarity) of a ``[N, W]`` profile aligned at each request's true end.
+
+    jump: mean of s[e] - s[e-1]; wobble: mean |s[i] - s[i-1]| away from the end (both sides).
+    """
+    jumps, wobble = [], []
+    w = profile.shape[1]
+    for n, e in enumerate(true_end):
+        if 1 <= e < w:
+            jumps.append(float(profile[n, e] - profile[n, e - 1]))
+        d = (profile[n, 1:] - profile[n, :-1]).abs()
+        keep = torch.ones_like(d, dtype=torch.bool)
+        if 1 <= e < w:
+            keep[e - 1] = False
+        wobble.extend(d[keep].tolist())
+    j = sum(jumps) / max(1, len(jumps))
+    wb = sum(wobble) / max(1, len(wobble))
+    return j, wb, (j / wb if wb > 0 else 0.0)
+
+
+def request_tokens(window: int, gen: GenerationConfig, flavor: str, family: str, prompt: int, layers: int) -> int:
+    """Positions x layers a request costs with a window of ``window`` under the engine's rules."""
+    if family == "llada":
+        steps = llada_plan(window, gen, flavor).steps
+    else:
+        steps = dream_plan(window, gen, flavor, masks=window).steps
+    return steps * (prompt + window) * layers
+
+
+def simulate(profiles: Profiles, true_end: list[int], cfg: SeerConfig, *, layer_ids: tuple[int, ...], eps_index: int,
+             window: int) -> list[int]:
+    """The windows Seer would keep for every profiled request under ``cfg`` (step-0 decisions)."""
+    from seer_kernels import snr_boundary_reference
+
+    idx = [profiles.layers.index(layer) for layer in layer_ids]
+    prof = profiles.sparsity[idx, eps_index].mean(0)
+    n = prof.shape[0]
+    valid = torch.full((n,), window, dtype=torch.int32)
+    keep = snr_boundary_reference(prof, valid, tau_jump=cfg.tau_jump, gamma=cfg.gamma, window=cfg.window,
+                                  baseline_window=cfg.baseline_window, min_position=cfg.min_position).tolist()
+    if cfg.probe == "both":
+        thr = cfg.confirm_threshold if cfg.confirm_threshold is not None else cfg.eos_threshold
+        hits = profiles.end_prob >= thr
+        for r in range(n):
+            k = keep[r]
+            if k >= window:
+                continue
+            where = hits[r, :k].nonzero()
+            if where.numel() == 0:  # premature: the next boundary after this one
+                keep[r] = int(snr_boundary_reference(
+                    prof[r: r + 1], torch.tensor([window], dtype=torch.int32), tau_jump=cfg.tau_jump, gamma=cfg.gamma,
+                    window=cfg.window, baseline_window=cfg.baseline_window, min_position=k)[0])
+            elif int(where[0, 0]) + 1 < k:
+                keep[r] = int(where[0, 0]) + 1
+    return keep
+
+
+def _guard_cost(keep: int, end: int, window: int) -> int:
+    """Window after the guard's doublings when the cut fell before the end token."""
+    while keep < min(end + 1, window):
+        keep = min(window, max(2 * keep, keep + 4))
+    return keep
+
+
+def main(args) -> int:
+    from tqdm.auto import tqdm
+
+    from .cli import model_services
+
+    svc = model_services()
+    emb = svc.embedded()
+    if args.model:
+        model = svc.load_model(args.model)
+    else:
+        model, _ = emb.load_embedded()
+    requests, gen = emb.calibration_requests(args.data, n=args.requests, model=model)
+    out = calibrate(model, requests, gen, lam=args.lam, progress=True, plot=args.plot)
+    cfg = out.pop("config")
+    cfg.to_json(args.out, calibration=out)
+    print(f"wrote {args.out}: {json.dumps({k: v for k, v in cfg.__dict__.items()})}")
+    return 0
+
+
+def calibrate(model, requests: list[Request], gen: GenerationConfig, *, lam: float = 0.1, progress: bool = False,
+              verify_top: int = 4, batch_size: int = 16, layers: list[int] | None = None, plot: str | None = None,
+              log=print) -> dict:
+    """Choose a :class:`SeerConfig` for ``model`` on ``requests`` (see the module docstring).
+
+    Returns a dict with ``config`` (the choice), the clarity table, the simulated and verified
+    candidates and the baseline figures.
+    """
+    from tqdm.auto import tqdm
+
+    n_layers = model.num_layers
+    layers = layers or list(range(1, min(n_layers, 8)))
+    W = gen.gen_length
+    family = model.family
+    flavor = "lavida_llada" if getattr(model, "is_multimodal", False) and family == "llada" else (
+        "lavida_dream" if getattr(model, "is_multimodal", False) else family)
+    t0 = time.perf_counter()
+    bar = tqdm(total=len(requests), desc="baseline", disable=not progress, file=sys.stderr)
+    base = run_requests(model, requests, gen, batch_size=batch_size, progress=bar)
+    bar.close()
+    true_end = [e if e >= 0 else W for e in base.end_positions]
+    base_acc = base.exact_match(requests)
+    if math.isnan(base_acc):  # no references: agreement with the baseline is the accuracy
+        for r, a in zip(requests, base.answers):
+            r.truth_ids = list(a)
+        base_acc = 1.0
+    log(f"baseline: exact match {base_acc:.3f}, {base.tok_per_s:.1f} tok/s, {base.wall_s:.1f}s")
+
+    prof = step0_profiles(model, requests, gen, layers=layers, batch_size=batch_size)
+    table = []
+    for j, layer in enumerate(layers):
+        for e, factor in enumerate(prof.factors):
+            jmp, wob, clr = clarity(prof.sparsity[j, e], true_end)
+            table.append({"layer": layer, "eps_factor": factor, "eps": float(prof.eps[j, e]), "jump": jmp,
+                          "wobble": wob, "clarity": clr})
+    table.sort(key=lambda r: -r["clarity"])
+    log("step-0 sparsity: clearest jump-to-plateau (jump at the true end / wobble elsewhere)")
+    for r in table[:8]:
+        log(f"  layer {r['layer']}  eps {r['eps']:.4f} ({r['eps_factor']} x RMS)  jump {r['jump']:+.3f}  "
+            f"wobble {r['wobble']:.3f}  clarity {r['clarity']:.2f}")
+
+    prompt_len = 0 if (gen.prefix_cache if gen.prefix_cache is not None else getattr(model, "is_multimodal", False)) \
+        else max(len(r.prompt_ids) for r in requests)
+    cost = {w: request_tokens(w, gen, flavor, family, prompt_len, n_layers) for w in range(1, W + 1)}
+    base_tokens = cost[W] * len(requests)
+    # candidate layer sets: the clearest single layers, and the clearest layers averaged
+    best_single = []
+    for r in table:
+        key = (r["layer"], r["eps_factor"])
+        if key not in best_single:
+            best_single.append(key)
+    by_factor = {}
+    for r in table:
+        by_factor.setdefault(r["eps_factor"], []).append(r["layer"])
+    candidates = [((layer,), prof.factors.index(f)) for layer, f in best_single[:4]]
+    for f, ls in list(by_factor.items())[:2]:
+        candidates.append((tuple(sorted(ls[:3])), prof.factors.index(f)))
+    sims = []
+    for (layer_ids, e), tau, gamma, bw, mp, probe in itertools.product(
+            candidates, TAU_GRID, GAMMA_GRID, (1, 2, 3), (1, 2), ("sparsity", "both")):
+        per_layer_eps = tuple(float(prof.eps[prof.layers.index(x), e]) for x in layer_ids)
+        cfg = SeerConfig(probe_layer=max(layer_ids), probe_layers=layer_ids if len(layer_ids) > 1 else None,
+                         eps=per_layer_eps if len(layer_ids) > 1 else per_layer_eps[0],
+                         tau_jump=tau, gamma=gamma, baseline_window=bw, min_position=mp, probe=probe)
+        keep = simulate(prof, true_end, cfg, layer_ids=layer_ids, eps_index=e, window=W)
+        over = sum(k < min(t + 1, W) for k, t in zip(keep, true_end))
+        tokens = sum(cost[_guard_cost(k, t, W)] for k, t in zip(keep, true_end))
+        mae = sum(abs((k - 1 if k < W else W) - t) for k, t in zip(keep, true_end)) / len(keep)
+        acc_ratio = 1 - over / len(keep)
+        speed = base_tokens / max(1, tokens)
+        sims.append({"config": cfg, "U": acc_ratio + lam * math.log(speed), "over_truncation": over / len(keep),
+                     "ideal_speedup": speed, "mae": mae, "exact_end": sum(k - 1 == t for k, t in zip(keep, true_end))
+                     / len(keep)})
+    sims.sort(key=lambda s: -s["U"])
+    log(f"simulated {len(sims)} configurations; best by U = accuracy ratio + {lam} log(speed-up):")
+    for s in sims[:verify_top]:
+        c = s["config"]
+        log(f"  layers {c.layers} eps {c.eps} tau {c.tau_jump} gamma {c.gamma} baseline {c.baseline_window} "
+            f"min_pos {c.min_position} probe {c.probe}: U {s['U']:.3f}, over-trunc {s['over_truncation']:.3f}, "
+            f"MAE {s['mae']:.2f}, ideal x{s['ideal_speedup']:.2f}")
+    verified = []
+    seen = set()
+    for s in sims:
+        if len(verified) >= verify_top:
+            break
+        c = s["config"]
+        key = (c.layers, round(c.eps, 6), c.tau_jump, c.gamma, c.baseline_window, c.min_position, c.probe)
+        if key in seen:
+            continue
+        seen.add(key)
+        bar = tqdm(total=len(requests), desc="verify", disable=not progress, file=sys.stderr)
+        res = run_requests(model, requests, gen, seer=c, batch_size=batch_size, progress=bar)
+        bar.close()
+        acc = res.exact_match(requests)
+        speed = base.wall_s / res.wall_s
+        verified.append({**{k: v for k, v in s.items() if k != "config"}, "config": c,
+                         "accuracy_ratio": acc / base_acc if base_acc else 0.0,
+                         "measured_speedup": speed, "tokens_ratio": base.tokens_computed / max(1, res.tokens_computed),
+                         "U_measured": (acc / base_acc if base_acc else 0.0) + lam * math.log(speed)})
+    verified.sort(key=lambda v: -v["U_measured"])
+    best = verified[0]
+    log(f"chosen: {best['config']} (accuracy ratio {best['accuracy_ratio']:.3f}, measured x{best['measured_speedup']:.2f},"
+        f" tokens x{best['tokens_ratio']:.2f})")
+    if plot:
+        plot_profiles(prof, true_end, best["config"], plot, window=W)
+    serial = lambda c: {k: (list(v) if isinstance(v, tuple) else v) for k, v in c.__dict__.items()}  # noqa: E731
+    return {
+        "config": best["config"],
+        "lambda": lam,
+        "requests": len(requests),
+        "baseline": {"exact_match": base_acc, "tok_per_s": base.tok_per_s, "wall_s": base.wall_s},
+        "clarity": table[:12],
+        "verified": [{**{k: v for k, v in v.items() if k != "config"}, "config": serial(v["config"])} for v in verified],
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+def plot_profiles(prof: Profiles, true_end: list[int], cfg: SeerConfig, path: str, *, window: int,
+                  requests: int = 4) -> None:
+    """Step-0 sparsity per layer for a few requests, the detected boundary and the true end marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    first = cfg.layers[0]
+    e = min(range(len(prof.factors)),
+            key=lambda i: abs(float(prof.eps[prof.layers.index(first), i]) - cfg.eps_for(first)))
+    keep = simulate(prof, true_end, cfg, layer_ids=cfg.layers, eps_index=e, window=window)
+    picks = sorted(range(len(true_end)), key=lambda r: true_end[r])
+    picks = [picks[int(k * (len(picks) - 1) / max(1, requests - 1))] for k in range(requests)]
+    fig, axes = plt.subplots(1, requests, figsize=(4 * requests, 3.2), sharey=True)
+    for ax, r in zip(axes, picks):
+        for j, layer in enumerate(prof.layers):
+            ax.plot(prof.sparsity[j, e, r].numpy(), lw=1.2 if layer in cfg.layers else 0.7,
+                    alpha=1.0 if layer in cfg.layers else 0.45, label=f"layer {layer}")
+        ax.axvline(true_end[r], color="k", ls="--", lw=1, label="true end")
+        if keep[r] < window:
+            ax.axvline(keep[r] - 1, color="r", ls=":", lw=1.5, label="detected boundary")
+        ax.set_title(f"request {r}: answer of {true_end[r]} tokens", fontsize=9)
+        ax.set_xlabel("response position")
+    axes[0].set_ylabel(f"step-0 MLP sparsity (|a| < {prof.factors[e]} x RMS)")
+    axes[-1].legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

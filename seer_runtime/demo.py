@@ -1,0 +1,169 @@
+"""``seer demo`` (what ``make demo`` runs): baseline vs Seer on the embedded DMLLM, batched.
+
+On held-out requests to the embedded LaViDa-LLaDA model, every batch is decoded by the
+baseline and by Seer with each probe (the sparsity probe of the paper, the step-0 end
+probability, and both combined), interleaved batch by batch so that all see the same machine
+load. One table, the same figures as JSON with ``--json``, and a PNG of the step-0 sparsity
+profiles with the detected boundary and the true end (``--plot``).
+
+Figures (per configuration): ``tok_per_s`` (valid answer tokens per second of wall time),
+``latency_s`` (mean request latency = its batch's wall time), ``nfe`` (forward passes per
+batch, mean), ``tokens_computed`` (positions x layers, summed), ``exact_match`` (answer ==
+reference), and for Seer: ``speedup`` (tok/s over the baseline's), ``ideal_speedup``
+(baseline over Seer tokens computed), ``boundary_mae`` (|predicted end - baseline's end|),
+``over_truncation_rate`` (the first cut fell before the baseline's end token), ``recovered``
+(of those, answers equal to the baseline's after the guard), ``lost_answers`` (over-truncated
+and not equal to the baseline's answer), ``differs_from_baseline`` (any answer difference).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from dataclasses import replace
+
+from .evaluate import RunResult, boundary_mae, run_requests
+
+DEFAULT_REQUESTS = 96
+DEFAULT_BATCH = 16
+
+
+def _figures(res: RunResult, requests, base: RunResult | None, window: int) -> dict:
+    out = {
+        "tok_per_s": res.tok_per_s,
+        "latency_s": res.latency_s,
+        "nfe": sum(res.nfe) / len(res.nfe),
+        "tokens_computed": res.tokens_computed,
+        "exact_match": res.exact_match(requests),
+        "wall_s": res.wall_s,
+    }
+    if base is None or not res.seer:
+        return out
+    true_end = [e if e >= 0 else window for e in base.end_positions]
+    keep = res.seer["keep_len"]
+    over = [k < min(t + 1, window) for k, t in zip(keep, true_end)]
+    same = [a == b for a, b in zip(res.answers, base.answers)]
+    out.update(
+        speedup=res.tok_per_s / base.tok_per_s if base.tok_per_s else 0.0,
+        ideal_speedup=base.tokens_computed / max(1, res.tokens_computed),
+        boundary_mae=boundary_mae(res.seer["boundary"], true_end, window),
+        exact_boundary=sum((b if b is not None else window) == t for b, t in zip(res.seer["boundary"], true_end))
+        / len(true_end),
+        over_truncation_rate=sum(over) / len(over),
+        over_truncated=sum(over),
+        guard_events=sum(res.seer["guard_events"]),
+        premature_cuts=sum(res.seer["premature_cuts"]),
+        recovered=sum(o and s for o, s in zip(over, same)),
+        lost_answers=sum(o and not s for o, s in zip(over, same)),
+        differs_from_baseline=sum(not s for s in same),
+        mean_keep_len=sum(keep) / len(keep),
+    )
+    return out
+
+
+def run_demo(model, requests, gen, configs: dict, *, batch_size: int, progress: bool = True) -> dict:
+    """Decode ``requests`` with the baseline and every Seer config, interleaved per batch."""
+    from tqdm.auto import tqdm
+
+    names = ["baseline", *configs]
+    results = {name: RunResult() for name in names}
+    bar = tqdm(total=len(requests) * len(names), desc="demo", unit="req", disable=not progress, file=sys.stderr)
+    for start in range(0, len(requests), batch_size):
+        batch = requests[start: start + batch_size]
+        for name in names:
+            part = run_requests(model, batch, gen, seer=configs.get(name), batch_size=batch_size, progress=bar)
+            _merge(results[name], part)
+    bar.close()
+    return results
+
+
+def _merge(total: RunResult, part: RunResult) -> None:
+    total.answers += part.answers
+    total.end_positions += part.end_positions
+    total.windows += part.windows
+    total.wall_s += part.wall_s
+    total.batch_wall_s += part.batch_wall_s
+    total.nfe += part.nfe
+    total.tokens_computed += part.tokens_computed
+    total.per_request_latency_s += part.per_request_latency_s
+    for k, v in part.seer.items():
+        total.seer.setdefault(k, []).extend(v)
+
+
+def format_table(figures: dict) -> str:
+    cols = [("tok/s", "tok_per_s", "{:.1f}"), ("latency s", "latency_s", "{:.3f}"), ("NFE", "nfe", "{:.1f}"),
+            ("tokens", "tokens_computed", "{:,}"), ("EM", "exact_match", "{:.3f}"), ("speed-up", "speedup", "x{:.2f}"),
+            ("ideal", "ideal_speedup", "x{:.2f}"), ("MAE", "boundary_mae", "{:.2f}"),
+            ("over-trunc", "over_truncation_rate", "{:.3f}"), ("recovered", "recovered", "{}"),
+            ("lost", "lost_answers", "{}"), ("!= base", "differs_from_baseline", "{}")]
+    head = "| config | " + " | ".join(c[0] for c in cols) + " |"
+    lines = [head, "|" + "---|" * (len(cols) + 1)]
+    for name, f in figures.items():
+        cells = [fmt.format(f[key]) if key in f else "" for _, key, fmt in cols]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(args) -> int:
+    import torch
+
+    from .calibrate import plot_profiles, step0_profiles
+    from .cli import model_services
+
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    svc = model_services()
+    emb = svc.embedded()
+    t0 = time.perf_counter()
+    model, tokenizer = emb.load_embedded(path=args.model) if args.model else emb.load_embedded()
+    n = args.requests or DEFAULT_REQUESTS
+    bs = args.batch_size or DEFAULT_BATCH
+    requests, _tasks = emb.demo_requests(n, tokenizer)
+    gen = emb.demo_generation_config()
+    default = emb.default_seer_config()
+    configs = {
+        "seer:sparsity": replace(default, probe="sparsity"),
+        "seer:eos_prob": replace(default, probe="eos_prob"),
+        "seer:both": replace(default, probe="both"),
+    }
+    recommended = f"seer:{default.probe}"
+    print(f"embedded LaViDa-LLaDA ({sum(p.numel() for p in model.parameters()):,} parameters), {n} held-out requests, "
+          f"batch {bs}, window {gen.gen_length}, {torch.get_num_threads()} threads", file=sys.stderr)
+    results = run_demo(model, requests, gen, configs, batch_size=bs)
+    base = results["baseline"]
+    figures = {name: _figures(res, requests, None if name == "baseline" else base, gen.gen_length)
+               for name, res in results.items()}
+    print(format_table(figures))
+    rec = figures[recommended]
+    print(f"\nrecommended: {recommended} ({default}); speed-up x{rec['speedup']:.2f} measured vs x{rec['ideal_speedup']:.2f}"
+          f" ideal (tokens computed); exact match {rec['exact_match']:.3f} vs baseline {figures['baseline']['exact_match']:.3f}")
+    plot = args.plot or "out/seer_demo_sparsity.png"
+    Path(plot).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        prof = step0_profiles(model, requests[:16], gen, layers=list(range(1, min(model.num_layers, 7))))
+        true_end = [e if e >= 0 else gen.gen_length for e in base.end_positions[:16]]
+        plot_profiles(prof, true_end, replace(default, probe="sparsity"), plot, window=gen.gen_length)
+        print(f"step-0 sparsity profiles: {plot}")
+    except ImportError:
+        print("matplotlib is not installed: no plot (pip install -e '.[plot]')", file=sys.stderr)
+    payload = {
+        "requests": n,
+        "batch_size": bs,
+        "window": gen.gen_length,
+        "baseline": figures["baseline"],
+        "seer": {**rec, "config": recommended},
+        "speedup": rec["speedup"],
+        "ideal_speedup": rec["ideal_speedup"],
+        "boundary_mae": rec["boundary_mae"],
+        "over_truncation_rate": rec["over_truncation_rate"],
+        "recovered": rec["recovered"],
+        "lost_answers": rec["lost_answers"],
+        "probes": {name.split(":", 1)[1]: f for name, f in figures.items() if name != "baseline"},
+        "seconds": time.perf_counter() - t0,
+    }
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(payload, f, indent=2)
+        print(f"figures: {args.json}")
+    return 0

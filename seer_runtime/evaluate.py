@@ -1,0 +1,115 @@
+"""Run a set of requests in batches and measure what a serving system cares about.
+
+Used by ``seer demo``, ``seer calibrate`` and the benchmarks. A request is prompt ids (with
+``<image>`` placeholders), an optional image and, optionally, its reference answer ids.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .config import GenerationConfig
+from .engine import generate
+
+
+@dataclass
+class Request:
+    prompt_ids: list[int]
+    image: object | None = None
+    truth_ids: list[int] | None = None
+
+
+@dataclass
+class RunResult:
+    """Per-request answers and the run's totals. ``answers[i]``: ids before the first end token."""
+
+    answers: list[list[int]] = field(default_factory=list)
+    end_positions: list[int] = field(default_factory=list)
+    windows: list[list[int]] = field(default_factory=list)
+    wall_s: float = 0.0
+    batch_wall_s: list[float] = field(default_factory=list)
+    nfe: list[int] = field(default_factory=list)
+    tokens_computed: int = 0
+    seer: dict = field(default_factory=dict)
+    dyllm: list[dict] = field(default_factory=list)
+    per_request_latency_s: list[float] = field(default_factory=list)
+
+    @property
+    def answer_tokens(self) -> int:
+        return sum(len(a) for a in self.answers)
+
+    @property
+    def tok_per_s(self) -> float:
+        """Valid (non-padding) answer tokens per second of wall time."""
+        return self.answer_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def latency_s(self) -> float:
+        """Mean end-to-end latency of a request (the wall time of its batch)."""
+        lat = self.per_request_latency_s
+        return sum(lat) / len(lat) if lat else 0.0
+
+    def exact_match(self, requests: list[Request]) -> float:
+        ok = [a == r.truth_ids for a, r in zip(self.answers, requests) if r.truth_ids is not None]
+        return sum(ok) / len(ok) if ok else float("nan")
+
+
+def pad_left(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(prompts), width, dtype=torch.long)
+    for r, p in enumerate(prompts):
+        ids[r, width - len(p):] = torch.tensor(p, dtype=torch.long)
+        mask[r, width - len(p):] = 1
+    return ids, (None if bool(mask.all()) else mask)
+
+
+def run_requests(model, requests: list[Request], gen: GenerationConfig, *, seer=None, dyllm=None,
+                 batch_size: int = 16, progress=None, desc: str = "") -> RunResult:
+    """Decode ``requests`` in batches of ``batch_size`` (in order) and gather the figures.
+
+    progress: a tqdm-like bar advanced by the number of requests of each batch, or None.
+    """
+    if not requests:
+        raise ValueError("requests is empty")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    result = RunResult()
+    multimodal = bool(getattr(model, "is_multimodal", False))
+    keys = ("keep_len", "boundary", "final_window", "guard_events", "premature_cuts", "tightened")
+    for start in range(0, len(requests), batch_size):
+        batch = requests[start: start + batch_size]
+        ids, mask = pad_left([r.prompt_ids for r in batch], model.token_ids.pad)
+        ids = ids.to(model.device)
+        mask = None if mask is None else mask.to(model.device)
+        images = [r.image for r in batch] if multimodal else None
+        t0 = time.perf_counter()
+        out = generate(model, ids, attention_mask=mask, images=images, gen=gen, seer=seer, dyllm=dyllm)
+        wall = time.perf_counter() - t0
+        result.wall_s += wall
+        result.batch_wall_s.append(wall)
+        result.per_request_latency_s.extend([wall] * len(batch))
+        result.nfe.append(out.stats.nfe)
+        result.tokens_computed += out.stats.tokens_computed
+        for i in range(len(batch)):
+            result.answers.append(out.answer_ids(i))
+            result.end_positions.append(int(out.end_positions[i]))
+            result.windows.append(out.responses[i].tolist())
+        if "seer" in out.stats.extra:
+            for k in keys:
+                result.seer.setdefault(k, []).extend(out.stats.extra["seer"][k])
+        if "dyllm" in out.stats.extra:
+            result.dyllm.append(out.stats.extra["dyllm"])
+        if progress is not None:
+            progress.update(len(batch))
+    return result
+
+
+def boundary_mae(predicted: list[int | None], true_end: list[int], window: int) -> float:
+    """Mean |predicted end - true end| in tokens; a request with no detected boundary counts as
+    predicting the window's end."""
+    errs = [abs((window if p is None else p) - t) for p, t in zip(predicted, true_end)]
+    return sum(errs) / len(errs) if errs else float("nan")

@@ -1,0 +1,471 @@
+"""Padding-Waste-Ratio routing of a batch after Seer's step-0 cut (SPEC.md §1.4).
+
+Each row ``b`` of a batch keeps ``L*_b`` response positions. :meth:`Router.route` partitions the
+rows into groups and decides, per group ``G`` (``|G|`` rows, total ``T = sum L*``, longest
+``Lmax``), how it runs:
+
+* ``B_G`` = the smallest micro-bucket ``>= Lmax``; ``PWR = 1 - T / (|G| * B_G)`` (IEEE float64,
+  evaluated exactly as written);
+* ``T == 0`` -> ``EMPTY`` (nothing to run);
+* no micro-bucket holds ``Lmax``, ``|G| == 1`` (a lone straggler) or ``B_G <= eager_max_bucket``
+  -> ``EAGER`` (packed layout, no padding, no graph);
+* ``PWR <= tau_pad`` -> ``STATIC``: every row padded to ``B_G``, rows padded to the smallest
+  batch bucket ``>= |G|``; graph key ``GraphKey(PATH_STATIC, batch bucket, B_G)``;
+* otherwise ``VARLEN``: rows packed back to back, total padded to the smallest packed bucket
+  ``P >= T``; graph key ``GraphKey(PATH_VARLEN, max batch bucket, P)`` (``cu_seqlens`` always
+  has ``max batch bucket + 1`` entries, the last offset repeated over the padding rows, so the
+  varlen graphs are keyed by ``P`` alone); no packed bucket ``>= T`` -> ``EAGER``.
+
+For one group this is exactly ``seer_kernels.slice_repack_mask.slice_repack_decision`` (the
+rule the fused kernel evaluates on the device); the tests check it on random inputs.
+
+Grouping (``RouterConfig.grouping``):
+
+* ``"single"``: the whole batch is one group (one forward per step).
+* ``"length"``: rows of length 0 form one (EMPTY) group and rows longer than the largest
+  micro-bucket one (EAGER) group. The others are sorted by ``L*`` and cut where the micro-bucket
+  changes; neighbouring groups are then merged, shortest first, while the merged group's PWR
+  (at the larger bucket) stays ``<= tau_pad``. Groups with fewer than ``min_group`` rows are
+  *stragglers*; with ``stragglers="eager"`` each straggler row runs alone (``|G| = 1`` ->
+  EAGER, the paper's rule); with ``stragglers="pool"`` the stragglers and every merged group
+  the rule would not run STATIC are packed into one remainder group (usually VARLEN: packing
+  mixes lengths at no padding cost, and one remainder saves forwards).
+
+Why the defaults (``grouping="single"``, ``N_max`` = the serving window, ``tau_pad = 0.2``):
+see the measurement in ``bench/bench_router.py``.
+
+Rows inside a group are listed in ascending batch index; groups are ordered EMPTY, then by
+ascending ``B_G`` (stragglers, the remainder and the oversize group last).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from seer_kernels.slice_repack_mask import (
+    MAX_GROUP,
+    PATH_EAGER,
+    PATH_EMPTY,
+    PATH_NAMES,
+    PATH_STATIC,
+    PATH_VARLEN,
+)
+
+from .buckets import BucketTable, batch_buckets, check_buckets, micro_buckets, packed_buckets
+
+__all__ = [
+    "PATH_EAGER",
+    "PATH_EMPTY",
+    "PATH_STATIC",
+    "PATH_VARLEN",
+    "GraphKey",
+    "Route",
+    "RouteStats",
+    "Router",
+    "RouterConfig",
+    "RouterStats",
+]
+
+_GROUPINGS = ("single", "length")
+_STRAGGLERS = ("eager", "pool")
+
+
+class GraphKey(NamedTuple):
+    """What a captured graph is specialised to. STATIC: ``batch`` rows of ``length`` positions;
+    VARLEN: ``length`` packed tokens with ``batch + 1`` cu_seqlens entries."""
+
+    path: int
+    batch: int
+    length: int
+
+    @property
+    def tokens(self) -> int:
+        """Positions the graph computes: ``batch * length`` (STATIC), ``length`` (VARLEN)."""
+        return self.batch * self.length if self.path == PATH_STATIC else self.length
+
+    def __str__(self) -> str:
+        return f"{PATH_NAMES[self.path]}[batch={self.batch},length={self.length}]"
+
+
+class RouteStats(NamedTuple):
+    """Tokens of one route: ``useful`` = ``T`` (real positions), ``computed`` = positions of the
+    layout that runs (STATIC ``batch bucket * B_G``, VARLEN ``P``, EAGER ``T``, EMPTY 0)."""
+
+    path: int
+    rows: int
+    useful_tokens: int
+    computed_tokens: int
+
+    @property
+    def padded_tokens(self) -> int:
+        """Padding positions computed for nothing: ``computed - useful``."""
+        return self.computed_tokens - self.useful_tokens
+
+    @property
+    def waste(self) -> float:
+        """``padded / computed`` (0.0 when nothing is computed)."""
+        return self.padded_tokens / self.computed_tokens if self.computed_tokens else 0.0
+
+
+class Route(NamedTuple):
+    """One group of rows and how it runs: ``key`` is None for EAGER and EMPTY."""
+
+    path: int
+    key: GraphKey | None
+    rows: tuple[int, ...]
+    stats: RouteStats
+
+    @property
+    def path_name(self) -> str:
+        return PATH_NAMES[self.path]
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    """Bucket tables and the routing policy (validated on construction; sequences become tuples).
+
+    micro_buckets: sorted padded lengths ``B_G`` of static graphs (``buckets.micro_buckets(N_max)``).
+    packed_buckets: sorted padded totals ``P`` of varlen graphs.
+    batch_buckets: sorted padded row counts of static graphs; its largest entry is the largest
+        batch :meth:`Router.route` accepts.
+    tau_pad: PWR threshold in ``[0, 1]``: ``PWR <= tau_pad`` runs STATIC (paper: flat 0.1-0.6).
+    eager_max_bucket: groups with ``B_G <= eager_max_bucket`` run eager (paper: 4).
+    grouping: ``"single"`` or ``"length"`` (module docstring).
+    min_group: ``"length"``: groups with fewer rows are stragglers (``>= 1``; 1 = none).
+    stragglers: ``"length"``: ``"eager"`` (each straggler row alone) or ``"pool"``.
+    """
+
+    micro_buckets: tuple[int, ...] = field(default_factory=lambda: micro_buckets(128))
+    packed_buckets: tuple[int, ...] = field(default_factory=lambda: packed_buckets(256 * 128))
+    batch_buckets: tuple[int, ...] = field(default_factory=lambda: batch_buckets(256))
+    tau_pad: float = 0.2
+    eager_max_bucket: int = 4
+    grouping: str = "single"
+    min_group: int = 2
+    stragglers: str = "eager"
+
+    def __post_init__(self) -> None:
+        for name in ("micro_buckets", "packed_buckets", "batch_buckets"):
+            object.__setattr__(self, name, check_buckets(name, getattr(self, name)))
+        tau = self.tau_pad
+        if isinstance(tau, bool) or not isinstance(tau, (int, float)):
+            raise TypeError(f"tau_pad must be a float, got {type(tau).__name__}")
+        if not (math.isfinite(tau) and 0.0 <= tau <= 1.0):
+            raise ValueError(f"tau_pad must lie in [0, 1], got {tau}")
+        object.__setattr__(self, "tau_pad", float(tau))
+        for name, minimum in (("eager_max_bucket", 0), ("min_group", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+            if value < minimum:
+                raise ValueError(f"{name} must be >= {minimum}, got {value}")
+        if self.grouping not in _GROUPINGS:
+            raise ValueError(f"grouping must be one of {_GROUPINGS}, got {self.grouping!r}")
+        if self.stragglers not in _STRAGGLERS:
+            raise ValueError(f"stragglers must be one of {_STRAGGLERS}, got {self.stragglers!r}")
+
+    @classmethod
+    def for_window(
+        cls,
+        n_max: int,
+        *,
+        max_batch: int = 256,
+        packed_per_octave: int = 8,
+        **options,
+    ) -> RouterConfig:
+        """Tables for windows up to ``n_max`` and batches up to ``max_batch``: micro-buckets
+        ``{8, 16, ..., n_max}``, batch buckets ``{1, 2, 4, 8, 16, ..., max_batch}`` and packed
+        buckets up to ``max_batch * n_max``; ``options`` are the other fields."""
+        return cls(
+            micro_buckets=micro_buckets(n_max),
+            packed_buckets=packed_buckets(max_batch * n_max, per_octave=packed_per_octave),
+            batch_buckets=batch_buckets(max_batch),
+            **options,
+        )
+
+    @property
+    def n_max(self) -> int:
+        return self.micro_buckets[-1]
+
+    @property
+    def max_batch(self) -> int:
+        return self.batch_buckets[-1]
+
+
+class Router:
+    """Routes a batch's rows into groups (see the module docstring).
+
+    The single source of truth for graph keys: every key :meth:`route` returns is in
+    :meth:`valid_keys`, which is what a graph cache captures.
+    """
+
+    def __init__(self, config: RouterConfig | None = None) -> None:
+        if config is None:
+            config = RouterConfig()
+        if not isinstance(config, RouterConfig):
+            raise TypeError(f"config must be a RouterConfig, got {type(config).__name__}")
+        self.config = config
+        self.micro = BucketTable(config.micro_buckets, name="micro_buckets")
+        self.packed = BucketTable(config.packed_buckets, name="packed_buckets")
+        self.batch = BucketTable(config.batch_buckets, name="batch_buckets")
+        self._varlen_batch = self.batch.max
+        self._keys = self._enumerate_keys()
+        self._key_set = frozenset(self._keys)
+
+    # -- one group --------------------------------------------------------------------------
+    def decide(self, lengths: Sequence[int], rows: Sequence[int] | None = None) -> Route:
+        """Route ONE group with lengths ``lengths`` (``rows`` default ``0..len-1``): the rule of
+        ``slice_repack_decision``. Raises ``ValueError`` on an empty group."""
+        lens = self._check_lengths(lengths)
+        rows = tuple(range(len(lens))) if rows is None else tuple(rows)
+        if len(rows) != len(lens):
+            raise ValueError(f"rows must have one entry per length ({len(lens)}), got {len(rows)}")
+        return self._group(rows, sum(lens), max(lens))
+
+    def _group(self, rows: tuple[int, ...], total: int, lmax: int) -> Route:
+        cfg = self.config
+        g = len(rows)
+        if total == 0:
+            return Route(PATH_EMPTY, None, rows, RouteStats(PATH_EMPTY, g, 0, 0))
+        b_g = self.micro.find(lmax)
+        if b_g is None or g == 1 or b_g <= cfg.eager_max_bucket:
+            return Route(PATH_EAGER, None, rows, RouteStats(PATH_EAGER, g, total, total))
+        pwr = 1.0 - total / (g * b_g)
+        bb = self.batch.find(g)
+        if pwr <= cfg.tau_pad and bb is not None:
+            key = GraphKey(PATH_STATIC, bb, b_g)
+            return Route(PATH_STATIC, key, rows, RouteStats(PATH_STATIC, g, total, bb * b_g))
+        p = self.packed.find(total)
+        if p is not None:
+            key = GraphKey(PATH_VARLEN, self._varlen_batch, p)
+            return Route(PATH_VARLEN, key, rows, RouteStats(PATH_VARLEN, g, total, p))
+        return Route(PATH_EAGER, None, rows, RouteStats(PATH_EAGER, g, total, total))
+
+    # -- a batch ----------------------------------------------------------------------------
+    def route(self, lengths: Sequence[int]) -> list[Route]:
+        """Partition the batch's rows into groups and route each.
+
+        Args:
+            lengths: ``L*`` per row, ints ``>= 0`` (a list, tuple, or a 1-D int tensor - read on
+                the host, which synchronises a CUDA tensor). ``1 <= len <= max batch bucket``
+                and ``<= 1024`` (``slice_repack``'s largest group).
+
+        Returns:
+            Routes whose ``rows`` partition ``range(len(lengths))``: every row in exactly one.
+        """
+        lens = self._check_lengths(lengths)
+        if len(lens) > self.batch.max:
+            raise ValueError(
+                f"lengths: a batch of {len(lens)} rows exceeds the largest batch bucket {self.batch.max}"
+            )
+        if len(lens) > MAX_GROUP:
+            raise ValueError(f"lengths: a batch of {len(lens)} rows exceeds slice_repack's group limit {MAX_GROUP}")
+        if self.config.grouping == "single":
+            return [self._group(tuple(range(len(lens))), sum(lens), max(lens))]
+        return self._route_by_length(lens)
+
+    def _route_by_length(self, lens: list[int]) -> list[Route]:
+        cfg = self.config
+        micro = self.micro
+        n_max = micro.max
+        zeros: list[int] = []
+        over: list[int] = []
+        mid: list[int] = []
+        for r, n in enumerate(lens):
+            if n == 0:
+                zeros.append(r)
+            elif n > n_max:
+                over.append(r)
+            else:
+                mid.append(r)
+        mid.sort(key=lens.__getitem__)
+
+        # runs of equal micro-bucket: [rows, total, bucket]
+        runs: list[list] = []
+        for r in mid:
+            n = lens[r]
+            b = micro.find(n)
+            if runs and runs[-1][2] == b:
+                run = runs[-1]
+                run[0].append(r)
+                run[1] += n
+            else:
+                runs.append([[r], n, b])
+
+        # merge neighbours, shortest first, while the merged PWR stays <= tau_pad
+        tau = cfg.tau_pad
+        merged: list[list] = []
+        for run in runs:
+            if merged:
+                cur = merged[-1]
+                g = len(cur[0]) + len(run[0])
+                total = cur[1] + run[1]
+                if 1.0 - total / (g * run[2]) <= tau:
+                    cur[0].extend(run[0])
+                    cur[1] = total
+                    cur[2] = run[2]
+                    continue
+            merged.append([list(run[0]), run[1], run[2]])
+
+        routes: list[Route] = []
+        if zeros:
+            routes.append(self._group(tuple(zeros), 0, 0))
+        pool: list[int] = []
+        stragglers: list[int] = []
+        for rows, total, _ in merged:
+            if len(rows) < cfg.min_group:
+                stragglers.extend(rows)
+                continue
+            route = self._group(tuple(sorted(rows)), total, lens[rows[-1]])
+            if cfg.stragglers == "pool" and route.path != PATH_STATIC:
+                pool.extend(rows)
+            else:
+                routes.append(route)
+        if cfg.stragglers == "pool":
+            pool.extend(stragglers)
+            if pool:
+                pool.sort()
+                routes.append(self._group(tuple(pool), sum(lens[r] for r in pool), max(lens[r] for r in pool)))
+        else:
+            for r in sorted(stragglers):
+                routes.append(self._group((r,), lens[r], lens[r]))
+        if over:
+            routes.append(self._group(tuple(over), sum(lens[r] for r in over), max(lens[r] for r in over)))
+        return routes
+
+    # -- keys -------------------------------------------------------------------------------
+    def valid_keys(self, path: int | None = None) -> tuple[GraphKey, ...]:
+        """Every key :meth:`route` can return (``path``: only STATIC or only VARLEN keys).
+
+        STATIC: each micro-bucket ``> eager_max_bucket`` with each batch bucket reachable by a
+        group of ``>= 2`` rows. VARLEN: each packed bucket whose range holds a total ``T`` that
+        some group of at most ``max batch`` rows could send down the varlen path (``PWR >
+        tau_pad``). Ordered largest first (``GraphKey.tokens`` descending), the capture order.
+        """
+        if path is None:
+            return self._keys
+        if path not in (PATH_STATIC, PATH_VARLEN):
+            raise ValueError(f"path must be PATH_STATIC, PATH_VARLEN or None, got {path!r}")
+        return tuple(k for k in self._keys if k.path == path)
+
+    def is_valid(self, key: object) -> bool:
+        return key in self._key_set
+
+    def _enumerate_keys(self) -> tuple[GraphKey, ...]:
+        cfg = self.config
+        sizes = [m for m in self.micro.buckets if m > cfg.eager_max_bucket]
+        max_g = self.batch.max
+        keys: list[GraphKey] = []
+        if not sizes or max_g < 2:
+            return ()
+        prev = 0
+        reachable_batches = []
+        for bb in self.batch.buckets:
+            if max(2, prev + 1) <= bb:
+                reachable_batches.append(bb)
+            prev = bb
+        # a uniform group (PWR = 0 <= tau_pad) reaches every (batch bucket, micro-bucket)
+        keys += [GraphKey(PATH_STATIC, bb, m) for bb in reachable_batches for m in sizes]
+        # the largest total on the varlen path: max_g rows at the largest micro-bucket
+        t_max = _largest_varlen_total(max_g, sizes[-1], cfg.tau_pad)
+        prev = 0
+        for p in self.packed.buckets:
+            if prev + 1 <= t_max:
+                keys.append(GraphKey(PATH_VARLEN, self._varlen_batch, p))
+            prev = p
+        keys.sort(key=lambda k: (k.tokens, k.length, k.batch, k.path), reverse=True)
+        return tuple(keys)
+
+    @staticmethod
+    def _check_lengths(lengths: Sequence[int]) -> list[int]:
+        if hasattr(lengths, "tolist") and not isinstance(lengths, (list, tuple)):
+            if getattr(lengths, "ndim", 1) != 1:
+                raise ValueError(f"lengths must be 1-D, got shape {tuple(lengths.shape)}")
+            lengths = lengths.tolist()
+        if isinstance(lengths, (str, bytes)) or not isinstance(lengths, Iterable):
+            raise TypeError(f"lengths must be a sequence of ints, got {type(lengths).__name__}")
+        lens = list(lengths)
+        if not lens:
+            raise ValueError("lengths is empty: route a batch of at least one row")
+        for i, n in enumerate(lens):
+            if type(n) is not int:
+                if isinstance(n, bool) or not hasattr(n, "__index__"):
+                    raise TypeError(f"lengths[{i}] must be an int, got {type(n).__name__} {n!r}")
+                lens[i] = n = int(n)
+            if n < 0:
+                raise ValueError(f"lengths[{i}] must be >= 0, got {n}")
+        return lens
+
+
+def _largest_varlen_total(groups: int, bucket: int, tau: float) -> int:
+    """The largest ``T <= groups * bucket`` with ``1 - T / (groups * bucket) > tau`` in float64, 0 if none."""
+    cap = groups * bucket
+    t = min(cap, int(math.floor((1.0 - tau) * cap)) + 2)
+    while t > 0 and not (1.0 - t / cap > tau):
+        t -= 1
+    return t
+
+
+@dataclass
+class RouterStats:
+    """Running totals per path over many :meth:`Router.route` calls (vLLM's CUDAGraphStat idea):
+    groups, rows, useful tokens (``T``) and computed tokens (padding included)."""
+
+    groups: dict[int, int] = field(default_factory=dict)
+    rows: dict[int, int] = field(default_factory=dict)
+    useful_tokens: dict[int, int] = field(default_factory=dict)
+    computed_tokens: dict[int, int] = field(default_factory=dict)
+    calls: int = 0
+
+    def add(self, routes: Iterable[Route]) -> None:
+        """Count one ``route()`` result."""
+        self.calls += 1
+        for route in routes:
+            s = route.stats
+            p = s.path
+            self.groups[p] = self.groups.get(p, 0) + 1
+            self.rows[p] = self.rows.get(p, 0) + s.rows
+            self.useful_tokens[p] = self.useful_tokens.get(p, 0) + s.useful_tokens
+            self.computed_tokens[p] = self.computed_tokens.get(p, 0) + s.computed_tokens
+
+    def padded_tokens(self, path: int | None = None) -> int:
+        if path is None:
+            return sum(self.computed_tokens.values()) - sum(self.useful_tokens.values())
+        return self.computed_tokens.get(path, 0) - self.useful_tokens.get(path, 0)
+
+    def waste(self, path: int | None = None) -> float:
+        """Padded / computed tokens on ``path`` (all paths when None); 0.0 when nothing ran."""
+        computed = sum(self.computed_tokens.values()) if path is None else self.computed_tokens.get(path, 0)
+        return self.padded_tokens(path) / computed if computed else 0.0
+
+    def as_dict(self) -> dict[str, dict[str, float]]:
+        """``{path name: {groups, rows, useful_tokens, computed_tokens, padded_tokens, waste}}``."""
+        out = {}
+        for p in sorted(self.groups):
+            out[PATH_NAMES[p]] = {
+                "groups": self.groups[p],
+                "rows": self.rows[p],
+                "useful_tokens": self.useful_tokens[p],
+                "computed_tokens": self.computed_tokens[p],
+                "padded_tokens": self.padded_tokens(p),
+                "waste": self.waste(p),
+            }
+        return out
+
+    def table(self) -> str:
+        """A fixed-width text table, one line per path and a total."""
+        lines = [f"{'path':<8}{'groups':>8}{'rows':>8}{'useful':>10}{'computed':>10}{'padded':>10}{'waste':>8}"]
+        for name, d in self.as_dict().items():
+            lines.append(
+                f"{name:<8}{d['groups']:>8}{d['rows']:>8}{d['useful_tokens']:>10}{d['computed_tokens']:>10}"
+                f"{d['padded_tokens']:>10}{d['waste']:>8.3f}"
+            )
+        useful, computed = sum(self.useful_tokens.values()), sum(self.computed_tokens.values())
+        lines.append(
+            f"{'total':<8}{sum(self.groups.values()):>8}{sum(self.rows.values()):>8}{useful:>10}{computed:>10}"
+            f"{computed - useful:>10}{self.waste():>8.3f}"
+        )
+        return "\n".join(lines)
