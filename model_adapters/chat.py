@@ -50,8 +50,7 @@ class ChatTokenizer:
         config = json.loads((path / "config.json").read_text())
         template = config.get("seer_chat_template") or _TEMPLATES[architecture_of(config)]
         tok = Tokenizer.from_file(str(file))
-        special = {t.id for t in tok.get_added_tokens_decoder().values() if t.special} if hasattr(
-            tok, "get_added_tokens_decoder") else set()
+        special = {i for i, t in tok.get_added_tokens_decoder().items() if t.special}
         return cls(tok, template, special)
 
     def encode_prompt(self, question: str, *, with_image: bool = False) -> list[int]:

@@ -1,0 +1,68 @@
+"""The ``seer`` console script on a tiny checkpoint with its own word-level tokenizer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import model_adapters as ma
+from seer_runtime.cli import main, model_services
+
+pytestmark = [pytest.mark.cli, pytest.mark.usefixtures("reference_kernels")]
+
+
+def write_checkpoint(path, kind="llada-8b-instruct"):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    torch.manual_seed(0)
+    model = ma.build_model(ma.tiny_config(kind, seer_chat_template="<|startoftext|> {image}{question} <|eot_id|>"))
+    ma.save_model(model, path)
+    vocab = {f"w{i}": i for i in range(250)}
+    vocab.update({"<|mdm_mask|>": 250, "<|endoftext|>": 251, "<|eot_id|>": 252, "<|startoftext|>": 253, "<unk>": 254})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens(["<|mdm_mask|>", "<|endoftext|>", "<|eot_id|>", "<|startoftext|>", "<unk>"])
+    tok.save(str(path / "tokenizer.json"))
+    return model
+
+
+def test_entry_point_finds_the_model_layer():
+    svc = model_services()
+    assert svc.load_model is ma.load_model
+
+
+def test_generate_prints_the_answer_and_statistics(tmp_path, capsys):
+    write_checkpoint(tmp_path)
+    rc = main(["generate", "--model", str(tmp_path), "--prompt", "w1 w2 w3", "--gen-length", "8", "--steps", "8",
+               "--block-length", "4"])
+    captured = capsys.readouterr()
+    assert rc == 0
+    assert "[stats] NFE 8  steps 8" in captured.err
+    assert captured.out.strip() == "" or captured.out.split()[0].startswith("w")
+
+
+def test_generate_with_a_seer_config_and_bad_options(tmp_path, capsys):
+    write_checkpoint(tmp_path)
+    seer = tmp_path / "seer.json"
+    seer.write_text(json.dumps({"probe_layer": 1, "eps": 0.01, "probe": "sparsity"}))
+    rc = main(["generate", "--model", str(tmp_path), "--prompt", "w1", "--gen-length", "8", "--seer", str(seer)])
+    assert rc == 0 and "[stats] seer:" in capsys.readouterr().err
+    rc = main(["generate", "--model", str(tmp_path), "--prompt", "w1", "--gen-length", "10", "--block-length", "4"])
+    assert rc == 2 and "gen_length (10) must be divisible by block_length (4)" in capsys.readouterr().err
+    rc = main(["generate", "--model", str(tmp_path), "--prompt", "w1", "--image", "x.png"])
+    assert rc == 2 and "text-only" in capsys.readouterr().err
+    (tmp_path / "tokenizer.json").unlink()
+    rc = main(["generate", "--model", str(tmp_path), "--prompt", "w1"])
+    assert rc == 2 and "has no tokenizer.json" in capsys.readouterr().err
+
+
+def test_generate_with_an_image_on_a_lavida_checkpoint(tmp_path, capsys):
+    from PIL import Image
+
+    write_checkpoint(tmp_path, kind="lavida-llada")
+    Image.new("RGB", (50, 40), (10, 200, 30)).save(tmp_path / "img.png")
+    rc = main(["generate", "--model", str(tmp_path), "--prompt", "w7 w8", "--image", str(tmp_path / "img.png"),
+               "--gen-length", "4"])
+    assert rc == 0 and "[stats] NFE 5" in capsys.readouterr().err  # prefill + 4 steps (prefix cache)
