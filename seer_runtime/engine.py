@@ -442,8 +442,10 @@ class DecodeRun:
         cond, un = logits.chunk(2, dim=0)
         return un + (self.gen.cfg_scale + 1) * (cond - un)
 
-    def forward(self, rows: list[int], step: int) -> torch.Tensor:
-        wmax = max(self.wlen[r] for r in rows)
+    def forward(self, rows: list[int], step: int, *, wmax: int | None = None) -> torch.Tensor:
+        """Logits ``[R, wmax, V]`` of the windows of ``rows`` (padded layout, windows padded to
+        ``wmax``, default the longest live window; positions past a row's window are masked)."""
+        wmax = max(self.wlen[r] for r in rows) if wmax is None else wmax
         hidden, layout, prefix, offset = self.window_inputs(rows, wmax)
         hidden, layout, cfg = self.guidance_inputs(hidden, layout, offset)
         self.count_tokens(rows, hidden, layout, offset)
@@ -634,6 +636,8 @@ class DecodeRun:
         self.stats.steps = list(self.steps_done)
         if hasattr(self, "seer_stats"):
             self.stats.extra["seer"] = self.seer_stats()
+        if hasattr(self, "router_report"):
+            self.stats.extra["router"] = self.router_report()
         sequences = torch.cat([self.input_ids, window], dim=1)
         return GenerationOutput(sequences, window, first_end_positions(window, self.ids.end_ids), self.stats,
                                 self.ids.end_ids)
@@ -649,6 +653,7 @@ def generate(
     gen: GenerationConfig | None = None,
     seer=None,
     dyllm=None,
+    router=None,
     progress: bool = False,
 ) -> GenerationOutput:
     """Decode a batch of requests with a masked-diffusion model.
@@ -661,16 +666,19 @@ def generate(
     gen: the decoding configuration (default ``GenerationConfig()``).
     seer: a ``SeerConfig`` to cut each request's window at step 0 (``seer_runtime.seer``).
     dyllm: a ``DyLLMConfig`` for saliency-gated sparse steps (``seer_runtime.dyllm``).
+    router: a ``RouterConfig`` (or True for defaults sized to the window): after Seer's cut every
+        step runs through the Padding-Waste-Ratio router (static / varlen / eager per group);
+        None pads the batch to its longest surviving window.
     """
     gen = gen if gen is not None else GenerationConfig()
     validate_request(model, input_ids, attention_mask, images, gen)
     t0 = time.perf_counter()
     with prange("generate"):
         run_cls = DecodeRun
-        if seer is not None or dyllm is not None:
+        if seer is not None or dyllm is not None or router is not None:
             from .policies import build_run
 
-            run = build_run(model, input_ids, attention_mask, images, gen, seer=seer, dyllm=dyllm,
+            run = build_run(model, input_ids, attention_mask, images, gen, seer=seer, dyllm=dyllm, router=router,
                             progress=progress)
         else:
             run = run_cls(model, input_ids, attention_mask, images, gen, progress=progress)
