@@ -62,7 +62,9 @@ class DreamArgs:
         if self.hidden % self.n_heads:
             raise ValueError(f"hidden_size={self.hidden} is not divisible by num_attention_heads={self.n_heads}")
         if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"num_attention_heads={self.n_heads} not divisible by num_key_value_heads={self.n_kv_heads}")
+            raise ValueError(
+                f"num_attention_heads={self.n_heads} not divisible by num_key_value_heads={self.n_kv_heads}"
+            )
         self.head_dim = self.hidden // self.n_heads
         d = DREAM_TOKEN_IDS
         self.token_ids = TokenIds(

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import importlib
 
-from ._dispatch import current_backend, interpreting, kernel_backend, use_triton
+from ._dispatch import current_backend, interpreting, kernel_backend, use_triton  # noqa: F401 (re-exported)
 
 # public name -> module that defines it
 _EXPORTS = {

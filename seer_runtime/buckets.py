@@ -55,7 +55,9 @@ def check_buckets(name: str, values: Iterable[int]) -> tuple[int, ...]:
         raise ValueError(f"{name} entries must fit int32, got {table[-1]}")
     unsorted = [(a, b) for a, b in zip(table[:-1], table[1:]) if a >= b]
     if unsorted:
-        raise ValueError(f"{name} must be sorted strictly ascending, got {unsorted[0][0]} before {unsorted[0][1]}")
+        raise ValueError(
+            f"{name} must be sorted strictly ascending, got {unsorted[0][0]} before {unsorted[0][1]}"
+        )
     return table
 
 
@@ -96,7 +98,9 @@ def batch_buckets(max_batch: int = 256, *, align: int = 8) -> tuple[int, ...]:
     return tuple(sorted(set(out)))
 
 
-def packed_buckets(max_tokens: int, *, smallest: int = 64, per_octave: int = 8, align: int = 16) -> tuple[int, ...]:
+def packed_buckets(
+    max_tokens: int, *, smallest: int = 64, per_octave: int = 8, align: int = 16
+) -> tuple[int, ...]:
     """Packed-length buckets: ``smallest * 2**(k / per_octave)`` rounded up to a multiple of
     ``align``, up to and including ``max_tokens``. The rounding waste of a packed group is below
     ``1 - 2**(-1/per_octave)`` of its padded length (8.3% for ``per_octave=8``) above
@@ -160,7 +164,9 @@ class BucketTable:
     def pad(self, n: int) -> int:
         """The smallest bucket ``>= n``; ``ValueError`` when ``not can_run(n)``."""
         if not self.can_run(n):
-            raise ValueError(f"{self.name}: no bucket holds {n} (the largest is {self.max}); check can_run first")
+            raise ValueError(
+                f"{self.name}: no bucket holds {n} (the largest is {self.max}); check can_run first"
+            )
         return self.find(n)
 
     def __len__(self) -> int:

@@ -154,8 +154,6 @@ def _guard_cost(keep: int, end: int, window: int) -> int:
 
 
 def main(args) -> int:
-    from tqdm.auto import tqdm
-
     from .cli import model_services
 
     svc = model_services()
@@ -273,8 +271,8 @@ def calibrate(model, requests: list[Request], gen: GenerationConfig, *, lam: flo
                          "U_measured": (acc / base_acc if base_acc else 0.0) + lam * math.log(speed)})
     verified.sort(key=lambda v: -v["U_measured"])
     best = verified[0]
-    log(f"chosen: {best['config']} (accuracy ratio {best['accuracy_ratio']:.3f}, measured x{best['measured_speedup']:.2f},"
-        f" tokens x{best['tokens_ratio']:.2f})")
+    log(f"chosen: {best['config']} (accuracy ratio {best['accuracy_ratio']:.3f}, "
+        f"measured x{best['measured_speedup']:.2f}, tokens x{best['tokens_ratio']:.2f})")
     if plot:
         plot_profiles(prof, true_end, best["config"], plot, window=W)
     serial = lambda c: {k: (list(v) if isinstance(v, tuple) else v) for k, v in c.__dict__.items()}  # noqa: E731
@@ -284,7 +282,8 @@ def calibrate(model, requests: list[Request], gen: GenerationConfig, *, lam: flo
         "requests": len(requests),
         "baseline": {"exact_match": base_acc, "tok_per_s": base.tok_per_s, "wall_s": base.wall_s},
         "clarity": table[:12],
-        "verified": [{**{k: v for k, v in v.items() if k != "config"}, "config": serial(v["config"])} for v in verified],
+        "verified": [{**{k: x for k, x in v.items() if k != "config"}, "config": serial(v["config"])}
+                     for v in verified],
         "seconds": time.perf_counter() - t0,
     }
 

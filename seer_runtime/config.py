@@ -95,8 +95,10 @@ class GenerationConfig:
         _check(self.schedule is None or self.schedule in SCHEDULES,
                f"schedule must be None or one of {SCHEDULES}, got {self.schedule!r}")
         _check(self.schedule_shift > 0, f"schedule_shift must be > 0, got {self.schedule_shift!r}")
-        _check(self.step_ratio is None or 0 < self.step_ratio <= 1, f"step_ratio must be in (0, 1], got {self.step_ratio!r}")
-        _check(self.tie_break in ("reference", "stable"), f"tie_break must be 'reference' or 'stable', got {self.tie_break!r}")
+        _check(self.step_ratio is None or 0 < self.step_ratio <= 1,
+               f"step_ratio must be in (0, 1], got {self.step_ratio!r}")
+        _check(self.tie_break in ("reference", "stable"),
+               f"tie_break must be 'reference' or 'stable', got {self.tie_break!r}")
         _check(self.rng in ("global", "per_request"), f"rng must be 'global' or 'per_request', got {self.rng!r}")
         _check(not (self.cfg_scale > 0 and self.prefix_cache),
                "cfg_scale > 0 needs the full prompt every step: it cannot be combined with prefix_cache=True")

@@ -21,8 +21,8 @@ from __future__ import annotations
 import json
 import sys
 import time
-from pathlib import Path
 from dataclasses import replace
+from pathlib import Path
 
 from .evaluate import RunResult, boundary_mae, run_requests
 
@@ -136,8 +136,9 @@ def main(args) -> int:
                for name, res in results.items()}
     print(format_table(figures))
     rec = figures[recommended]
-    print(f"\nrecommended: {recommended} ({default}); speed-up x{rec['speedup']:.2f} measured vs x{rec['ideal_speedup']:.2f}"
-          f" ideal (tokens computed); exact match {rec['exact_match']:.3f} vs baseline {figures['baseline']['exact_match']:.3f}")
+    print(f"\nrecommended: {recommended} ({default}); speed-up x{rec['speedup']:.2f} measured vs "
+          f"x{rec['ideal_speedup']:.2f} ideal (tokens computed); exact match {rec['exact_match']:.3f} vs baseline "
+          f"{figures['baseline']['exact_match']:.3f}")
     plot = args.plot or "out/seer_demo_sparsity.png"
     Path(plot).parent.mkdir(parents=True, exist_ok=True)
     try:

@@ -312,6 +312,8 @@ class DyLLMPolicy:
         fw = self._dy_fw
         if fw is None:  # outside a forward this policy planned: the plain layer, no caching
             return super().run_layer(i, hidden, layout, rope=rope, prefix=prefix, rows=rows, step=step, taps=taps)
+        if fw.step is None:
+            fw.step = step
         if fw.mode == "full":
             return self._dy_full_layer(i, hidden, layout, rope, prefix, taps, fw)
         if taps is not None:

@@ -377,7 +377,8 @@ class DecodeRun:
             if pmask is None and all_live:
                 key_mask = None
             else:
-                pm = pmask if pmask is not None else torch.ones(len(rows), self.Lp, dtype=torch.bool, device=self.device)
+                pm = pmask if pmask is not None else torch.ones(
+                    len(rows), self.Lp, dtype=torch.bool, device=self.device)
                 key_mask = torch.cat([pm, live], dim=1)
             layout = PaddedLayout(self.positions[idx, self.Lp: self.Lp + wmax], key_mask)
             return emb, layout, prefix, 0
@@ -387,7 +388,8 @@ class DecodeRun:
         if pmask is None and all_live:
             key_mask = None
         else:
-            pm = pmask if pmask is not None else torch.ones(len(rows), self.Lp, dtype=torch.bool, device=self.device)
+            pm = pmask if pmask is not None else torch.ones(
+                len(rows), self.Lp, dtype=torch.bool, device=self.device)
             key_mask = torch.cat([pm, live], dim=1)
         layout = PaddedLayout(self.positions[idx, : self.Lp + wmax], key_mask)
         return hidden, layout, None, self.Lp

@@ -387,8 +387,9 @@ class GraphCache:
                     raise ValueError(f"keys: {k!r} needs an int field {f!r} >= 0")
         if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
             raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
-        if max_graphs is not None and (isinstance(max_graphs, bool) or not isinstance(max_graphs, int)
-                                       or max_graphs < 1):
+        if max_graphs is not None and (
+            isinstance(max_graphs, bool) or not isinstance(max_graphs, int) or max_graphs < 1
+        ):
             raise ValueError(f"max_graphs must be None or an int >= 1, got {max_graphs!r}")
 
         if device is None:
@@ -477,7 +478,8 @@ class GraphCache:
                 raise TypeError(f"inputs[{name!r}] must be {view.dtype}, got {src.dtype}")
             if src.dim() != view.dim() or any(s > v for s, v in zip(src.shape, view.shape)):
                 raise ValueError(
-                    f"inputs[{name!r}] of shape {tuple(src.shape)} does not fit the view {tuple(view.shape)} of key {key}"
+                    f"inputs[{name!r}] of shape {tuple(src.shape)} does not fit the view "
+                    f"{tuple(view.shape)} of key {key}"
                 )
             view[tuple(slice(0, s) for s in src.shape)].copy_(src, non_blocking=True)
             real[name] = tuple(src.shape)
@@ -491,8 +493,12 @@ class GraphCache:
         for name, shape in real.items():
             if name not in views:
                 raise ValueError(f"real: unknown buffer {name!r}")
-            if len(shape) != views[name].dim() or any(s < 0 or s > v for s, v in zip(shape, views[name].shape)):
-                raise ValueError(f"real[{name!r}] = {tuple(shape)} does not fit the view {tuple(views[name].shape)}")
+            if len(shape) != views[name].dim() or any(
+                s < 0 or s > v for s, v in zip(shape, views[name].shape)
+            ):
+                raise ValueError(
+                    f"real[{name!r}] = {tuple(shape)} does not fit the view {tuple(views[name].shape)}"
+                )
         self._fill(views, {n: tuple(s) for n, s in real.items()})
 
     def _fill(self, views, real) -> None:
@@ -619,5 +625,6 @@ class GraphCache:
         if moved:
             raise RuntimeError(
                 f"graph {key}: input buffers moved since capture: {moved} "
-                "(a replay reads the captured addresses; write into cache.views(key), never rebind cache.buffers)"
+                "(a replay reads the captured addresses; write into cache.views(key), "
+                "never rebind cache.buffers)"
             )

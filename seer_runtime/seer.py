@@ -79,7 +79,8 @@ class SeerConfig:
             if not cond:
                 raise ValueError(msg)
 
-        check(isinstance(self.probe_layer, int) and self.probe_layer >= 0, f"probe_layer must be >= 0, got {self.probe_layer!r}")
+        check(isinstance(self.probe_layer, int) and self.probe_layer >= 0,
+              f"probe_layer must be >= 0, got {self.probe_layer!r}")
         eps = self.eps if isinstance(self.eps, (tuple, list)) else (self.eps,)
         if isinstance(self.eps, list):
             object.__setattr__(self, "eps", tuple(self.eps))
@@ -98,10 +99,12 @@ class SeerConfig:
         check(0 < self.eos_threshold <= 1, f"eos_threshold must be in (0, 1], got {self.eos_threshold!r}")
         check(self.confirm_threshold is None or 0 < self.confirm_threshold <= 1,
               f"confirm_threshold must be in (0, 1], got {self.confirm_threshold!r}")
-        check(self.guard_mode in ("extend", "redecode"), f"guard_mode must be extend or redecode, got {self.guard_mode!r}")
+        check(self.guard_mode in ("extend", "redecode"),
+              f"guard_mode must be extend or redecode, got {self.guard_mode!r}")
 
         if isinstance(self.eps, tuple):
-            check(len(self.eps) == len(self.layers), f"eps has {len(self.eps)} values for {len(self.layers)} probe layers")
+            check(len(self.eps) == len(self.layers),
+                  f"eps has {len(self.eps)} values for {len(self.layers)} probe layers")
         check(max(self.layers) == self.probe_layer or self.probe_layers is None,
               f"probe_layer ({self.probe_layer}) must be the last of probe_layers {self.probe_layers}")
 

@@ -77,6 +77,7 @@ def vocabulary_words() -> list[str]:
 
 
 MAX_ANSWER_TOKENS = 30
+MAX_SHAPES = 6  # shapes per image: whole-grid lists stay within what a tiny model reads exactly
 IMAGE_SIZE = 48
 CELL = IMAGE_SIZE // 3
 TRAIN_SEED = 0
@@ -174,7 +175,7 @@ def _join(items: list[str]) -> str:
 def _img_count(rng, n):
     if n != 1:
         return None
-    grid = _random_grid(rng, int(rng.integers(0, 10)))
+    grid = _random_grid(rng, int(rng.integers(0, MAX_SHAPES + 1)))
     shapes = [c for c in grid if c is not None]
     mode = int(rng.integers(4))
     if mode == 0:
@@ -195,7 +196,7 @@ def _img_count(rng, n):
 def _img_yesno(rng, n):
     if n != 1:
         return None
-    grid = _random_grid(rng, int(rng.integers(1, 10)))
+    grid = _random_grid(rng, int(rng.integers(1, MAX_SHAPES + 1)))
     shapes = [c for c in grid if c is not None]
     if rng.random() < 0.5:  # ask about something present: balanced yes / no
         col, shp = shapes[int(rng.integers(len(shapes)))]
@@ -208,7 +209,7 @@ def _img_yesno(rng, n):
 def _img_cell(rng, n):
     if n not in (1, 2):
         return None
-    grid = _random_grid(rng, int(rng.integers(1, 10)))
+    grid = _random_grid(rng, int(rng.integers(1, MAX_SHAPES + 1)))
     filled = [i for i, c in enumerate(grid) if c is not None]
     empty = [i for i, c in enumerate(grid) if c is None]
     if n == 1 and rng.random() < 0.5 and filled:
@@ -224,7 +225,7 @@ def _img_cell(rng, n):
 
 
 def _img_list_colours(rng, n):
-    if n > 9:
+    if n > MAX_SHAPES:
         return None
     k = 0 if (n == 1 and rng.random() < 0.2) else n
     grid = _random_grid(rng, k)
@@ -233,12 +234,12 @@ def _img_list_colours(rng, n):
 
 
 def _img_list_of_colour(rng, n):
-    if n % 2 == 0 or n > 17:
+    if n % 2 == 0 or (n + 1) // 2 > MAX_SHAPES:
         return None
     col = COLOURS[int(rng.integers(len(COLOURS)))]
     k = 0 if (n == 1 and rng.random() < 0.3) else (n + 1) // 2
     others = [c for c in COLOURS if c != col]
-    rest = int(rng.integers(0, 9 - k + 1))
+    rest = int(rng.integers(0, MAX_SHAPES - k + 1))
     cells = rng.permutation(9)
     grid: list = [None] * 9
     for j, idx in enumerate(cells[: k + rest]):
@@ -255,7 +256,7 @@ def _img_where(rng, n):
     if k > 4:
         return None
     col, shp = COLOURS[int(rng.integers(len(COLOURS)))], SHAPES[int(rng.integers(len(SHAPES)))]
-    rest = int(rng.integers(0, 9 - k + 1))
+    rest = int(rng.integers(0, MAX_SHAPES - k + 1))
     cells = rng.permutation(9)
     grid: list = [None] * 9
     for j, idx in enumerate(cells[: k + rest]):
@@ -277,7 +278,7 @@ def _img_describe_row(rng, n):
         return None
     m = n - 5  # shapes in that row
     r = int(rng.integers(3))
-    grid = _random_grid(rng, int(rng.integers(0, 7)))
+    grid = _random_grid(rng, int(rng.integers(0, MAX_SHAPES - 3 + 1)))
     for c in range(3):
         grid[r * 3 + c] = None
     for c in rng.choice(3, size=m, replace=False):
@@ -291,7 +292,7 @@ def _img_list_shapes(rng, n):
     if n % 3 != 2 and n != 1:
         return None
     k = 0 if n == 1 else (n + 1) // 3
-    if k > 9:
+    if k > MAX_SHAPES:
         return None
     grid = _random_grid(rng, k)
     ans = _join([_cell_words(c) for c in grid if c is not None])
@@ -299,14 +300,14 @@ def _img_list_shapes(rng, n):
 
 
 def _img_name_shapes(rng, n):
-    if n % 2 or not 2 <= n <= 18:
+    if n % 2 or not 2 <= n <= 2 * MAX_SHAPES:
         return None
     grid = _random_grid(rng, n // 2)
     return "name_shapes", "name the shapes", " ".join(_cell_words(c) for c in grid if c is not None), grid
 
 
 def _img_describe_grid(rng, n):
-    if not 17 <= n <= 26:
+    if not 17 <= n <= 17 + MAX_SHAPES:
         return None
     grid = _random_grid(rng, n - 17)
     return "describe_grid", "describe the grid", " , ".join(_cell_words(c) for c in grid), grid

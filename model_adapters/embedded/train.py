@@ -288,7 +288,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="torch threads (default 1: on 2 shared busy cores, 2 threads ran 6x slower)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--batch-size", type=int, default=48)
-    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--weight-decay", type=float, default=0.05)
     p.add_argument("--d-model", type=int, default=192)
     p.add_argument("--layers", type=int, default=6)

@@ -62,7 +62,8 @@ def test_same_outputs_on_every_path(kind, cache, monkeypatch):
 def test_routed_path_follows_guard_extensions(monkeypatch):
     """A window re-extended by the guard changes the group's layout; the routed run rebuilds it."""
     model = tiny("lavida-llada")
-    monkeypatch.setattr(seer_kernels, "snr_boundary", lambda s, v, **kw: torch.full((s.shape[0],), 3, dtype=torch.int32))
+    monkeypatch.setattr(seer_kernels, "snr_boundary",
+                        lambda s, v, **kw: torch.full((s.shape[0],), 3, dtype=torch.int32))
     ids = torch.tensor([[5, 6, 7], [8, 9, 10]])
     gen = GenerationConfig(gen_length=W, tie_break="stable")
     seer = SeerConfig(probe_layer=1)
