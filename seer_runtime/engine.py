@@ -640,6 +640,8 @@ class DecodeRun:
             self.stats.extra["seer"] = self.seer_stats()
         if hasattr(self, "router_report"):
             self.stats.extra["router"] = self.router_report()
+            if self.graph_report() is not None:
+                self.stats.extra["graphs"] = self.graph_report()
         sequences = torch.cat([self.input_ids, window], dim=1)
         return GenerationOutput(sequences, window, first_end_positions(window, self.ids.end_ids), self.stats,
                                 self.ids.end_ids)
@@ -656,6 +658,7 @@ def generate(
     seer=None,
     dyllm=None,
     router=None,
+    graphs="auto",
     progress: bool = False,
 ) -> GenerationOutput:
     """Decode a batch of requests with a masked-diffusion model.
@@ -671,6 +674,8 @@ def generate(
     router: a ``RouterConfig`` (or True for defaults sized to the window): after Seer's cut every
         step runs through the Padding-Waste-Ratio router (static / varlen / eager per group);
         None pads the batch to its longest surviving window.
+    graphs: how routed static groups replay: "auto" (CUDA graphs on a CUDA device, the same
+        buffers eagerly elsewhere), None (plain eager), or a graph backend object.
     """
     gen = gen if gen is not None else GenerationConfig()
     validate_request(model, input_ids, attention_mask, images, gen)
@@ -681,7 +686,7 @@ def generate(
             from .policies import build_run
 
             run = build_run(model, input_ids, attention_mask, images, gen, seer=seer, dyllm=dyllm, router=router,
-                            progress=progress)
+                            graphs=graphs, progress=progress)
         else:
             run = run_cls(model, input_ids, attention_mask, images, gen, progress=progress)
         run.decode()

@@ -12,7 +12,7 @@ from .engine import DecodeRun
 
 
 def build_run(model, input_ids, attention_mask, images, gen, *, seer=None, dyllm=None, router=None,
-              progress=False) -> DecodeRun:
+              graphs="auto", progress=False) -> DecodeRun:
     bases = []
     if seer is not None:
         from .seer import SeerConfig, SeerPolicy
@@ -38,7 +38,7 @@ def build_run(model, input_ids, attention_mask, images, gen, *, seer=None, dyllm
     if dyllm is not None:
         run.init_dyllm(dyllm)
     if router is not None:
-        run.init_router(None if router is True else router)
+        run.init_router(None if router is True else router, graphs=graphs)
     if seer is not None:
         run.init_seer(seer)
     return run

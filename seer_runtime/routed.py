@@ -19,6 +19,15 @@ with index maps in torch.
 Per-path useful and padded tokens are reported in ``stats.extra["router"]``. Classifier-free
 guidance and DyLLM keep the padded layout (their per-row state is laid out that way): with
 them the router's decisions are recorded but every group runs padded.
+
+Graphs: with the prefix cache, STATIC groups run through a :class:`~seer_runtime.graph_cache.
+GraphCache` keyed by the router's ``GraphKey`` (batch bucket, ``B_G``): persistent buffers hold
+the window ids, positions, key mask and the group's prefix K/V (written once per layout
+change; each step copies only the window's ids, positions and mask), and the cache captures a
+CUDA graph per key on a CUDA device (``graphs="auto"``), or replays through any backend given
+(``FakeGraphBackend`` in tests). On a machine without CUDA it runs the same buffers eagerly and
+says so once. VARLEN and EAGER groups run eagerly (their key-side layout depends on the
+group's prompt lengths; capturing it needs a key-index buffer per packed bucket, not done yet).
 """
 
 from __future__ import annotations
@@ -50,14 +59,15 @@ class PackedGroup:
 class RoutedPolicy:
     """Mixed into ``DecodeRun`` (after ``SeerPolicy`` in the MRO): routed forwards after the cut."""
 
-    def init_router(self, config: RouterConfig | None) -> None:
+    def init_router(self, config: RouterConfig | None, *, graphs="auto") -> None:
         if config is None:
             config = RouterConfig.for_window(self.W, max_batch=max(1, self.B))
-        if self.W > config.n_max and config.micro_buckets[-1] < self.W:
-            pass  # windows longer than N_max route EAGER (the rule), nothing to reconcile
         self.router = Router(config)
         self.router_stats = RouterStats()
         self._groups: dict[tuple, PackedGroup] = {}
+        self.graph_backend = graphs
+        self._graphs = None
+        self._graph_layout = None
 
     def _routing_active(self) -> bool:
         if not getattr(self, "cut_done", True):
@@ -77,7 +87,9 @@ class RoutedPolicy:
             if route.path == PATH_EMPTY:
                 continue
             group = [rows[i] for i in route.rows]
-            if route.path == PATH_STATIC or padded_only:
+            if route.path == PATH_STATIC and not padded_only and self._graphable():
+                part = self._forward_static_graph(group, step, route)
+            elif route.path == PATH_STATIC or padded_only:
                 width = min(self.W, route.key.length) if route.path == PATH_STATIC else max(self.wlen[r] for r in group)
                 part = super().forward(group, step, wmax=width)
             else:
@@ -190,3 +202,72 @@ class RoutedPolicy:
 
     def router_report(self) -> dict:
         return self.router_stats.as_dict()
+
+    def graph_report(self) -> dict | None:
+        if self._graphs is None:
+            return None
+        c = self._graphs.counters
+        return {"captures": c.captures, "replays": c.replays, "eager_runs": c.eager_runs}
+
+    # -- static groups through the graph cache ----------------------------------------------------
+    def _graphable(self) -> bool:
+        return self.use_cache and self.graph_backend is not None and self.W <= self.router.config.n_max
+
+    def _static_cache(self):
+        """The graph cache of this run's static keys (built at the first static group)."""
+        if self._graphs is not None:
+            return self._graphs
+        from .graph_cache import FILL_FIRST_TRUE, BufferSpec, GraphCache
+
+        m = self.model
+        lp, hk, hd = self.Lp, m.num_kv_heads, m.head_dim
+        dtype = self.prefix.keys[0].dtype
+        specs = {
+            "ids": BufferSpec(("batch", "length"), torch.long, self.ids.pad),
+            "positions": BufferSpec(("batch", "length"), torch.long, 0),
+            "key_mask": BufferSpec(("batch", f"length+{lp}"), torch.bool, FILL_FIRST_TRUE),
+        }
+        for i in range(self.layers):
+            specs[f"k{i}"] = BufferSpec(("batch", hk, lp, hd), dtype, 0)
+            specs[f"v{i}"] = BufferSpec(("batch", hk, lp, hd), dtype, 0)
+        keys = [k for k in self.router.valid_keys(PATH_STATIC) if k.length <= self.W]
+
+        def fn(key, bufs):
+            from .layout import PaddedLayout, PrefixKV
+
+            prefix = PrefixKV([bufs[f"k{i}"] for i in range(self.layers)], [bufs[f"v{i}"] for i in range(self.layers)],
+                              None, lp)
+            layout = PaddedLayout(bufs["positions"], bufs["key_mask"])
+            hidden = self.model.embed(bufs["ids"])
+            rope = self.model.rope(layout.positions)
+            for i in range(self.layers):
+                hidden = self.model.layer(i, hidden, layout, rope=rope, prefix=prefix)
+            return self.window_logits(hidden, 0, key.length)
+
+        self._graphs = GraphCache(fn, specs, keys, device=self.device, backend=self.graph_backend)
+        return self._graphs
+
+    def _forward_static_graph(self, group: list[int], step: int, route) -> torch.Tensor:
+        cache = self._static_cache()
+        key = route.key
+        idx = torch.tensor(group, device=self.device)
+        width = key.length
+        layout_id = (tuple(group), key)
+        if self._graph_layout != layout_id:  # the group's prefix K/V: written once per layout
+            prefix = self.prefix.select(idx)
+            cache.write(key, {**{f"k{i}": prefix.keys[i] for i in range(self.layers)},
+                              **{f"v{i}": prefix.values[i] for i in range(self.layers)}})
+            self._graph_layout = layout_id
+        live = torch.arange(width, device=self.device)[None, :] < torch.tensor(
+            [self.wlen[r] for r in group], device=self.device)[:, None]
+        pmask = self.prefix.key_mask[idx] if self.prefix.key_mask is not None else torch.ones(
+            len(group), self.Lp, dtype=torch.bool, device=self.device)
+        ids = torch.where(live, self.x[idx, :width], torch.full_like(live, self.ids.pad, dtype=torch.long))
+        inputs = {"ids": ids, "positions": self.positions[idx, self.Lp: self.Lp + width],
+                  "key_mask": torch.cat([pmask, live], dim=1)}
+        logits = cache.run(key, inputs, narrow=len(group))
+        self.stats.tokens_computed += key.batch * width * self.layers
+        for r in group:
+            self.per_request_tokens[r] += self.wlen[r] * self.layers
+        self.stats.nfe += 1
+        return logits.clone()

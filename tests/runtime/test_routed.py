@@ -77,3 +77,26 @@ def test_routed_path_follows_guard_extensions(monkeypatch):
 def test_router_argument_is_checked():
     with pytest.raises(TypeError, match="router must be a RouterConfig or True"):
         generate(tiny("llada-8b-instruct"), torch.tensor([[5]]), gen=GenerationConfig(gen_length=4), router="fast")
+
+
+@pytest.mark.parametrize("kind", ["lavida-llada", "lavida-dream"])
+def test_static_groups_replay_through_the_graph_cache(kind, monkeypatch):
+    """With the prefix cache, static groups run from persistent buffers through the graph cache:
+    captured once per key (here by the fake backend), replayed every step, same outputs."""
+    from seer_runtime.graph_cache import FakeGraphBackend
+
+    model = tiny(kind)
+    planted = torch.tensor([9, 12, 11, 10], dtype=torch.int32)
+    monkeypatch.setattr(seer_kernels, "snr_boundary", lambda s, v, **kw: planted[: s.shape[0]].clone())
+    ids = torch.tensor([[5, 6, 7], [8, 9, 10], [11, 12, 13], [14, 15, 16]])
+    gen = GenerationConfig(gen_length=W, tie_break="stable", alg="entropy" if model.family == "dream" else "origin")
+    seer = SeerConfig(probe_layer=1, guard=False)
+    cfg = RouterConfig.for_window(W, max_batch=8, tau_pad=0.4)
+    naive = generate(model, ids, gen=gen, seer=seer)
+    backend = FakeGraphBackend()
+    out = generate(model, ids, gen=gen, seer=seer, router=cfg, graphs=backend)
+    assert torch.equal(out.responses, naive.responses)
+    report = out.stats.extra["router"]
+    assert "STATIC" in report and out.stats.extra["graphs"]["replays"] > 0
+    assert len(set(backend.captured)) == len(backend.captured), "each key is captured once"
+    assert len(backend.replayed) >= 5
