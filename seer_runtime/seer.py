@@ -12,6 +12,8 @@ Probes (``SeerConfig.probe``):
 * ``"eos_prob"`` - the step-0 end-of-answer probability ``P(EOS) + P(end-of-turn)`` from the
   final logits: the first position reaching ``eos_threshold`` ends the answer (costs the rest of
   step 0 on the full window);
+* ``"oracle"`` - the lengths in ``oracle_keep_len`` (benchmarks of the serving path on
+  random-weight models, which have no answer end to find);
 * ``"both"`` - the sparsity cut, then the end-of-step-0 logits of the surviving positions check
   it: when none of them looks like an end (``confirm_threshold``), the cut is premature and the
   window is re-extended to the next sparsity boundary (or the full window) before step 1; when
@@ -39,7 +41,7 @@ import torch
 
 from .layout import PaddedLayout, Taps
 
-PROBES = ("sparsity", "eos_prob", "both")
+PROBES = ("sparsity", "eos_prob", "both", "oracle")
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,7 @@ class SeerConfig:
     confirm_threshold: float | None = None
     guard: bool = True
     guard_mode: str = "extend"
+    oracle_keep_len: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         def check(cond, msg):
@@ -99,6 +102,10 @@ class SeerConfig:
         check(0 < self.eos_threshold <= 1, f"eos_threshold must be in (0, 1], got {self.eos_threshold!r}")
         check(self.confirm_threshold is None or 0 < self.confirm_threshold <= 1,
               f"confirm_threshold must be in (0, 1], got {self.confirm_threshold!r}")
+        if self.oracle_keep_len is not None:
+            object.__setattr__(self, "oracle_keep_len", tuple(int(x) for x in self.oracle_keep_len))
+        check((self.probe == "oracle") == (self.oracle_keep_len is not None),
+              "probe='oracle' and oracle_keep_len go together")
         check(self.guard_mode in ("extend", "redecode"),
               f"guard_mode must be extend or redecode, got {self.guard_mode!r}")
 
@@ -120,7 +127,7 @@ class SeerConfig:
 
     def to_json(self, path: str | Path, **extra) -> None:
         data = asdict(self)
-        for key in ("probe_layers", "eps"):
+        for key in ("probe_layers", "eps", "oracle_keep_len"):
             if isinstance(data[key], tuple):
                 data[key] = list(data[key])
         with open(path, "w") as f:
@@ -160,7 +167,7 @@ class SeerPolicy:
 
     def init_seer(self, seer: SeerConfig) -> None:
         self.seer = seer
-        bad = [layer for layer in seer.layers if layer >= self.layers]
+        bad = [layer for layer in seer.layers if layer >= self.layers] if seer.probe != "oracle" else []
         if bad:
             raise ValueError(f"seer probe layer(s) {bad} out of range: the model has {self.layers} layers")
         self.cut_done = False
@@ -248,6 +255,13 @@ class SeerPolicy:
         if step != 0 or self.cut_done:
             return super().forward(rows, step)
         s = self.seer
+        if s.probe == "oracle":
+            if len(s.oracle_keep_len) != self.B:
+                raise ValueError(f"oracle_keep_len has {len(s.oracle_keep_len)} lengths for {self.B} requests")
+            self.apply_cut(list(s.oracle_keep_len))
+            for b, k in enumerate(s.oracle_keep_len):
+                self.boundary[b] = k - 1 if k < self.W else None
+            return super().forward(rows, step)
         if s.probe == "eos_prob":
             logits = super().forward(rows, step)
             p_end = end_probability(logits, self.ids.end_ids)
