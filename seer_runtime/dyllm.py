@@ -39,11 +39,14 @@ recompute after warm-up.
 
 Composition. The prefix KV cache (LaViDa): the prompt is never fed, its K/V come from the
 ``PrefixKV``; DyLLM's caches cover the window only. Seer: its step 0 is a warm-up step;
-``on_cut`` slices the caches to the shorter windows and later steps run on them. Batches:
-caches are per request, addressed by the global request index, so requests can leave the
-forward when they are done; each forward packs its real rows back to back (left padding of
-the prompt and dead window positions past a request's own window length are excluded from
-the queries and from the keys) with index maps built once per forward.
+``on_cut`` slices the caches to the shorter windows and later steps run on them. The PWR
+router (``routed.py``) keeps DyLLM on the padded layout and runs one forward per group of a
+step; each forward is planned on its own (a window padded to its group's bucket, past every
+live position, caches only the live part). Batches: caches are per request, addressed by the
+global request index, so requests can leave the forward when they are done; each forward
+packs its real rows back to back (left padding of the prompt and dead window positions past a
+request's own window length are excluded from the queries and from the keys) with index maps
+built once per forward.
 
 Choices where the papers are silent (ours, documented here):
 
@@ -280,9 +283,9 @@ class DyLLMPolicy:
         self._dy_records: list[dict] = []
 
     # -- engine fixed points -------------------------------------------------------------------
-    def forward(self, rows, step):
+    def forward(self, rows, step, **kw):
         self._dy_step = step
-        return super().forward(rows, step)
+        return super().forward(rows, step, **kw)
 
     def window_inputs(self, rows: list[int], wmax: int):
         step, self._dy_step = self._dy_step, None  # None: a forward the engine did not announce (Seer's step 0)
@@ -397,11 +400,12 @@ class DyLLMPolicy:
         if self._dy_dims is None:
             self._dy_dims = {"D": hidden.shape[-1], "Hd": ctx.shape[-1], "Hkd": k.shape[-2] * k.shape[-1],
                              "I": gate.shape[-1]}
-        # full forwards feed [prompt | window] (no prefix cache) or the window: cache coordinates
+        # full forwards feed [prompt | window] (no prefix cache) or the window: cache coordinates.
+        # A window padded past every live position (the router's buckets) keeps only the live part.
         n = len(fw.rows)
-        length = hidden.shape[1]
+        length = min(hidden.shape[1], self._dy_pre + self._dy_cap)
         for caches, val in ((self._dy_k, k), (self._dy_v, v), (self._dy_c, ctx), (self._dy_f, ffn)):
-            self._dy_alloc(caches, i, val)[fw.idx, :length] = val[:n]
+            self._dy_alloc(caches, i, val)[fw.idx, :length] = val[:n, :length]
         return hidden + ffn
 
     # -- the sparse layer ----------------------------------------------------------------------
@@ -465,10 +469,7 @@ class DyLLMPolicy:
 
     def _pack(self, cache: torch.Tensor, pre: torch.Tensor | None, fw: _Forward) -> torch.Tensor:
         """Keys (or values) of the forward packed per request: ``[prefix keys, cache keys]``."""
-        from seer_kernels import gather_rows
-
-        flat = cache.view(-1, *cache.shape[2:])
-        part = gather_rows(flat, fw.kc_src, fw.kc_src.numel())
+        part = cache.view(-1, *cache.shape[2:]).index_select(0, fw.kc_src)
         if pre is None:
             return part  # no prefix: the cache keys are the packed keys, in order
         out = part.new_empty((fw.tk, *part.shape[1:]))
@@ -485,7 +486,8 @@ class DyLLMPolicy:
         tq = fw.tq
         gate = fw.gate
         n_a = int(gate.numel())
-        hq = gather_rows(hidden.reshape(R * lq, D), fw.q_src, tq)
+        # whole-forward maps are plain index ops; the saliency-gated rows go through gather/scatter_rows
+        hq = hidden.reshape(R * lq, D).index_select(0, fw.q_src)
         x_n = blk.attn_norm(hq)
         project_q, project_kv = getattr(blk, "project_q", None), getattr(blk, "project_kv", None)
         if project_q is not None and project_kv is not None:
@@ -507,7 +509,7 @@ class DyLLMPolicy:
             pre_k, pre_v = prefix.keys[i], prefix.values[i]
         keys, values = self._pack(self._dy_k[i], pre_k, fw), self._pack(self._dy_v[i], pre_v, fw)
         cc = self._dy_c[i].view(-1, self._dy_c[i].shape[-1])
-        ctx_old = gather_rows(cc, fw.q_cache, tq)  # [Tq, H*d]
+        ctx_old = cc.index_select(0, fw.q_cache)  # [Tq, H*d]
         heads, d = q.shape[1], q.shape[2]
         if self.dyllm.approx_attention:
             exact = torch.zeros(tq, dtype=torch.bool, device=self.device)
@@ -520,14 +522,14 @@ class DyLLMPolicy:
         index, count, _ = cosine_saliency(ctx, ctx_old, self.tau)
         n_b = int(count)
         sal = index[:n_b].long()
-        scatter_rows(cc, fw.q_cache, tq, ctx)
+        cc.index_copy_(0, fw.q_cache, ctx)
         hq = hq + blk.project_out(ctx)
         fc = self._dy_f[i].view(-1, self._dy_f[i].shape[-1])
         if n_b:
             gate_up = blk.mlp_gate_up(blk.ffn_norm(gather_rows(hq, sal, n_b)))
             scatter_rows(fc, fw.q_cache.index_select(0, sal), n_b, blk.mlp_down(F.silu(gate_up[0]) * gate_up[1]))
-        hq = hq + gather_rows(fc, fw.q_cache, tq)
-        out = hidden.clone()
+        hq = hq + fc.index_select(0, fw.q_cache)
+        out = hidden.clone(memory_format=torch.contiguous_format)  # pad rows pass through unchanged
         out.view(R * lq, D).index_copy_(0, fw.q_src, hq)
         self._dy_account(fw, gate, sal, exact)
         fw.gate = sal

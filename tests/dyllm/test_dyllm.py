@@ -1,0 +1,458 @@
+"""Issue: DyLLM as an engine policy. tau > 1 equals the baseline token for token (every family,
+batches, Seer, prefix cache); one sparse layer against an independent per-request oracle of
+the algorithm; the defaults finish with real savings; response-only steps feed the window
+alone; Seer's cut slices the caches; statistics; bad configurations."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import model_adapters as ma
+import seer_kernels
+from seer_runtime import DyLLMConfig, GenerationConfig, generate
+from seer_runtime.dyllm import DyLLMPolicy
+from seer_runtime.layout import PaddedLayout
+from seer_runtime.policies import build_run
+from seer_runtime.seer import SeerConfig
+
+pytestmark = [pytest.mark.dyllm, pytest.mark.usefixtures("reference_kernels")]
+
+ALL = ["llada-8b-instruct", "mmada-8b", "dream-v0-instruct-7b", "lavida-llada", "lavida-dream"]
+EXACT = DyLLMConfig(tau=1.01, full_steps=1, prompt_period=1)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models: one torch thread is faster and steadier on a shared machine."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def tiny(kind, seed=0):
+    torch.manual_seed(seed)
+    model = ma.build_model(ma.tiny_config(kind))
+    for p in model.parameters():
+        p.data.add_(0.05 * torch.randn_like(p))
+    return model
+
+
+def batch(model):
+    """Three left-padded requests (LaViDa: two with images of different sizes)."""
+    prompts, images = [[5, 6, 7, 8, 9, 10, 11], [12, 13], [14, 15, 16, 17]], None
+    if model.is_multimodal:
+        prompts = [[5, ma.IMAGE_TOKEN_INDEX, 6, 7], [8, 9], [ma.IMAGE_TOKEN_INDEX, 10]]
+        torch.manual_seed(4)
+        images = [ma.ImageInput(torch.randn(1, 3, 32, 32), (32, 32)), None,
+                  ma.ImageInput(torch.randn(5, 3, 32, 32), (64, 48), (2, 2))]
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), model.token_ids.pad)
+    mask = torch.zeros(len(prompts), width, dtype=torch.long)
+    for r, p in enumerate(prompts):
+        ids[r, width - len(p):] = torch.tensor(p)
+        mask[r, width - len(p):] = 1
+    return ids, mask, images
+
+
+def gen_for(model, length=8, **kw):
+    return GenerationConfig(gen_length=length, block_length=4 if model.family == "llada" else None,
+                            tie_break="stable", alg="entropy" if model.family == "dream" else "origin", **kw)
+
+
+def run_both(model, gen, dyllm, seer=None):
+    ids, mask, images = batch(model)
+    base = generate(model, ids, attention_mask=mask, images=images, gen=gen, seer=seer)
+    dy = generate(model, ids, attention_mask=mask, images=images, gen=gen, seer=seer, dyllm=dyllm)
+    return base, dy
+
+
+def sparse_records(out):
+    return [r for r in out.stats.extra["dyllm"]["steps"] if r["mode"] != "full"]
+
+
+# ------------------------------------------------------------------------------------ tau > 1 = baseline
+@pytest.mark.parametrize("kind,cache", [(k, None) for k in ALL] + [("lavida-llada", False)])
+def test_tau_above_one_equals_the_baseline_token_for_token(kind, cache):
+    model = tiny(kind)
+    base, dy = run_both(model, gen_for(model, prefix_cache=cache), EXACT)
+    assert torch.equal(dy.sequences, base.sequences)
+    sparse = sparse_records(dy)
+    assert len(sparse) >= 6  # one warm-up step, then sparse steps
+    for rec in sparse:  # every fed row salient at every layer: nothing approximated or skipped
+        assert rec["salient_fraction"] == [1.0] * model.num_layers
+        assert rec["attn_approx"] == [0] * model.num_layers and rec["ffn_skipped"] == [0] * model.num_layers
+    assert dy.stats.nfe == base.stats.nfe and dy.stats.steps == base.stats.steps
+
+
+@pytest.mark.parametrize("kind", ["llada-8b-instruct", "dream-v0-instruct-7b", "lavida-dream"])
+def test_warm_up_layer_is_bitwise_the_models_layer(kind):
+    """The warm-up layer mirrors the adapter's block composition: equal bit for bit."""
+    model = tiny(kind)
+    ids, mask, images = batch(model)
+    run = build_run(model, ids, mask, images, gen_for(model), dyllm=DyLLMConfig())
+    rows = [0, 1, 2]
+    hidden, layout, prefix, offset = run.window_inputs(rows, run.W)
+    assert (prefix is not None) == model.is_multimodal and (layout.key_mask is not None)
+    rope = model.rope(layout.positions)
+    for i in range(model.num_layers):
+        want = model.layer(i, hidden, layout, rope=rope, prefix=prefix)
+        got = run.run_layer(i, hidden, layout, rope=rope, prefix=prefix, rows=rows, step=0)
+        assert torch.equal(got, want), i
+        hidden = want
+    # and it filled the caches of every fed position
+    assert all(c is not None for c in run._dy_k + run._dy_v + run._dy_c + run._dy_f)
+
+
+# ------------------------------------------------------------------------------------ one sparse layer
+def _rope(x, cos, sin, full):
+    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+    rot = lambda t: torch.cat((-t[..., t.shape[-1] // 2:], t[..., : t.shape[-1] // 2]), -1)  # noqa: E731
+    if full:
+        return (x.float() * cos + rot(x.float()) * sin).to(x.dtype)
+    return x * cos.to(x.dtype) + rot(x) * sin.to(x.dtype)
+
+
+def oracle_layer(run, i, hidden, caches, gate_rows, fw_offset, rows, prefix, tau):
+    """The algorithm restated per request on the padded layout (attention in float64, no packing)."""
+    model, blk = run.model, run.model.block(i)
+    K, V, C, Fc = (t.clone().double() for t in caches)
+    out = hidden.clone()
+    salient = []
+    pre = run._dy_pre
+    for r, b in enumerate(rows):
+        wl, lp = run.wlen[b], run.Lp
+        pm = run.prompt_mask[b] if run.prompt_mask is not None else torch.ones(lp, dtype=torch.bool)
+        fed_real = torch.cat([pm, torch.arange(hidden.shape[1] - lp) < wl]) if fw_offset else (
+            torch.arange(hidden.shape[1]) < wl)
+        fed = fed_real.nonzero().flatten()
+        coord = fed + (pre - fw_offset)  # cache coordinates
+        pos = run.positions[b, coord + (run.Lp if run.use_cache else 0)]
+        cos, sin = model.rope(pos)
+        h = hidden[r, fed]
+        x_n = blk.attn_norm(h)
+        q, k, v = blk.project_qkv(x_n)
+        q = _rope(q, cos, sin, model.rope_full_precision).double()
+        k = _rope(k, cos, sin, model.rope_full_precision).double()
+        a = torch.tensor(sorted(gate_rows[r]), dtype=torch.long)  # indices into `fed`
+        v_old = V[b, coord[a]].clone()
+        K[b, coord[a]], V[b, coord[a]] = k[a], v.double()[a]
+        real_keys = torch.cat([pm, torch.arange(run._dy_cap) < wl]) if pre else torch.arange(run._dy_cap) < wl
+        kk, vv = K[b, real_keys], V[b, real_keys]
+        if prefix is not None:
+            pk = prefix.keys[i][r].transpose(0, 1).double()
+            pv = prefix.values[i][r].transpose(0, 1).double()
+            real = prefix.key_mask[r] if prefix.key_mask is not None else torch.ones(pk.shape[0], dtype=torch.bool)
+            kk, vv = torch.cat([pk[real], kk]), torch.cat([pv[real], vv])
+        group = q.shape[1] // kk.shape[1]
+        kk, vv = kk.repeat_interleave(group, 1), vv.repeat_interleave(group, 1)
+        p = torch.softmax(torch.einsum("qhd,khd->hqk", q, kk) / math.sqrt(q.shape[-1]), -1)
+        exact = torch.einsum("hqk,khd->qhd", p, vv).reshape(len(fed), -1)
+        key_index = torch.cumsum(real_keys.long(), 0) - 1 + (kk.shape[0] - int(real_keys.sum()))
+        dv = (V[b, coord[a]] - v_old).repeat_interleave(group, 1)
+        old = C[b, coord]
+        approx = old + torch.einsum("hqa,ahd->qhd", p[:, :, key_index[coord[a]]], dv).reshape(len(fed), -1)
+        ctx = approx.clone()
+        ctx[a] = exact[a]
+        sim = F.cosine_similarity(ctx, old, dim=-1)
+        sal = (sim < tau).nonzero().flatten()
+        salient.append((sal.tolist(), sim))
+        C[b, coord] = ctx
+        h = h.double() + blk.project_out(ctx.float()).double()
+        if len(sal):
+            g, u = blk.mlp_gate_up(blk.ffn_norm(h[sal].float()))
+            Fc[b, coord[sal]] = blk.mlp_down(F.silu(g) * u).double()
+        out[r, fed] = (h + Fc[b, coord]).float()
+    return out, salient, (K, V, C, Fc)
+
+
+@pytest.mark.parametrize("kind,period", [("llada-8b-instruct", 1), ("llada-8b-instruct", 3),
+                                         ("dream-v0-instruct-7b", 3), ("lavida-llada", 1)])
+def test_sparse_layer_matches_a_per_request_oracle(kind, period, monkeypatch):
+    """tau < 1: gated K/V, partial attention, saliency and FFN reuse against a float64 restatement."""
+    model = tiny(kind)
+    ids, mask, images = batch(model)
+    tau = 0.99
+    run = build_run(model, ids, mask, images, gen_for(model), dyllm=DyLLMConfig(tau=tau, full_steps=2,
+                                                                                 prompt_period=period))
+    seen, history, state = [], {}, {}
+    original, original_forward = DyLLMPolicy._dy_sparse_layer, DyLLMPolicy.forward
+
+    def forward(self, rows, step):  # the window each request had at its previous forward
+        now = self.x.clone()
+        state["prev"] = dict(history)
+        out = original_forward(self, rows, step)
+        history.update({b: now[b] for b in rows})
+        return out
+
+    def spy(self, i, hidden, prefix, fw):
+        if i == 0:  # layer 0's gating set: the positions committed since the previous forward
+            mask_id, lq = self.ids.mask, hidden.shape[1]
+            got = {(int(r), int(c)) for r, c in zip(fw.q_row[fw.gate], fw.q_src[fw.gate] % lq)}
+            want = {(r, fw.offset + p) for r, b in enumerate(fw.rows)
+                    for p in ((state["prev"][b] == mask_id) & (self.x[b] != mask_id)).nonzero().flatten().tolist()
+                    if p < self.wlen[b]}
+            assert got == want and want
+        qrow = fw.q_row
+        starts = fw.cu_q[:-1].long()
+        gate = [(fw.gate[qrow[fw.gate] == r] - starts[r]).tolist() for r in range(len(fw.rows))]
+        caches = [t[i].clone() for t in (self._dy_k, self._dy_v, self._dy_c, self._dy_f)]
+        want = oracle_layer(self, i, hidden, caches, gate, fw.offset, fw.rows, prefix, tau)
+        n_in = fw.gate.numel()
+        got = original(self, i, hidden, prefix, fw)
+        seen.append((fw.mode, got, want, n_in, fw.gate.clone(), qrow, starts, [t[i].clone() for t in (
+            self._dy_k, self._dy_v, self._dy_c, self._dy_f)]))
+        return got
+
+    monkeypatch.setattr(DyLLMPolicy, "_dy_sparse_layer", spy)
+    monkeypatch.setattr(DyLLMPolicy, "forward", forward)
+    with torch.no_grad():
+        run.decode()
+    if model.is_multimodal:  # prefix cache: the prompt is never fed
+        assert {m for m, *_ in seen} == {"response"}
+    else:
+        assert {m for m, *_ in seen} == ({"prompt"} if period == 1 else {"prompt", "response"})
+    approximated = skipped = 0
+    for _mode, got, (want, salient, want_caches), n_in, gate, qrow, starts, caches in seen:
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        for c, w in zip(caches, want_caches):
+            torch.testing.assert_close(c.double(), w, rtol=1e-4, atol=1e-4)
+        for r, (sal, sim) in enumerate(salient):
+            mine = set((gate[qrow[gate] == r] - starts[r]).tolist())
+            clear = {j for j in range(len(sim)) if abs(float(sim[j]) - tau) > 1e-6}
+            assert {j for j in sal if j in clear} == {j for j in mine if j in clear}
+            skipped += len(sim) - len(sal)
+        approximated += qrow.numel() - n_in
+    assert approximated > 0 and skipped > 0  # the approximate attention and the FFN reuse did run
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("kind", ["llada-8b-instruct", "lavida-dream"])
+def test_triton_kernels_in_the_interpreter_agree_with_the_references(kind):
+    """The Triton path of every DyLLM op (as on a GPU) with this policy's shapes, strides and index maps."""
+    from seer_kernels import kernel_backend
+
+    model = tiny(kind)
+    ids, mask = torch.tensor([[251, 5, 6, 7], [8, 9, 10, 11]]), torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
+    gen, cfg = gen_for(model, length=6 if model.family == "dream" else 8), DyLLMConfig(full_steps=1, prompt_period=2)
+    ref = generate(model, ids, attention_mask=mask, gen=gen, dyllm=cfg)
+    with kernel_backend("triton"):
+        tri = generate(model, ids, attention_mask=mask, gen=gen, dyllm=cfg)
+    assert torch.equal(tri.sequences, ref.sequences)
+    assert [r["ffn_computed"] for r in tri.stats.extra["dyllm"]["steps"]] == [
+        r["ffn_computed"] for r in ref.stats.extra["dyllm"]["steps"]]
+    assert {r["mode"] for r in ref.stats.extra["dyllm"]["steps"]} >= {"full", "response"}
+
+
+# ------------------------------------------------------------------------------------ defaults
+@pytest.mark.parametrize("kind", ALL)
+def test_defaults_finish_with_savings(kind):
+    model = tiny(kind)
+    ids, mask, images = batch(model)
+    cfg = DyLLMConfig.for_model(model)
+    assert cfg.tau == (0.99 if model.family == "llada" else 0.995)
+    out = generate(model, ids, attention_mask=mask, images=images, gen=gen_for(model, length=16), dyllm=DyLLMConfig())
+    assert not (out.responses == model.token_ids.mask).any()
+    st = out.stats.extra["dyllm"]
+    assert st["tau"] == cfg.tau and st["forwards"]["full"] == 4
+    sparse = sparse_records(out)
+    assert len(sparse) == len(st["steps"]) - 4 > 0
+    assert st["salient_fraction"] < 1 and all(min(r["salient_fraction"]) < 1 for r in sparse)
+    assert 0 < st["ideal_flop_ratio"] < 1 and st["ffn_skipped"] > 0 and st["attn_approx"] > 0
+    assert st["tokens_computed"] < st["tokens_computed_dense"]
+    for r in st["steps"]:
+        for layer in range(model.num_layers):
+            assert r["ffn_computed"][layer] + r["ffn_skipped"][layer] == r["fed"]
+            assert r["attn_exact"][layer] + r["attn_approx"][layer] == r["fed"]
+            assert r["tokens_computed"] <= r["fed"] * model.num_layers
+    full = [r for r in st["steps"] if r["mode"] == "full"]
+    assert all(r["macs"] == r["dense_macs"] and r["tokens_computed"] == r["tokens_dense"] for r in full)
+
+
+def test_exact_attention_ablation_runs():
+    model = tiny("llada-8b-instruct")
+    ids, mask, _ = batch(model)
+    out = generate(model, ids, attention_mask=mask, gen=gen_for(model), dyllm=DyLLMConfig(approx_attention=False))
+    assert not (out.responses == model.token_ids.mask).any()
+    assert all(r["attn_approx"] == [0] * model.num_layers for r in sparse_records(out))
+
+
+# ------------------------------------------------------------------------------------ response-only steps
+@pytest.mark.parametrize("kind", ["llada-8b-instruct", "dream-v0-instruct-7b"])
+def test_response_only_steps_feed_only_the_window(kind, monkeypatch):
+    model = tiny(kind)
+    ids, mask, _ = batch(model)
+    shapes = {}
+    original = DyLLMPolicy.run_layer
+
+    def spy(self, i, hidden, layout, **kw):
+        shapes.setdefault(kw["step"], set()).add((hidden.shape[1], layout.positions.shape[1]))
+        return original(self, i, hidden, layout, **kw)
+
+    monkeypatch.setattr(DyLLMPolicy, "run_layer", spy)
+    W, Lp = 16, ids.shape[1]
+    out = generate(model, ids, attention_mask=mask, gen=gen_for(model, length=W),
+                   dyllm=DyLLMConfig(tau=0.999, full_steps=3, prompt_period=4))
+    assert not (out.responses == model.token_ids.mask).any()
+    for step, seen in shapes.items():
+        fed = Lp + W if step < 3 or step % 4 == 0 else W
+        assert seen == {(fed, fed)}, step
+    modes = [r["mode"] for r in out.stats.extra["dyllm"]["steps"]]
+    assert modes[:7] == ["full", "full", "full", "response", "prompt", "response", "response"]
+    assert modes.count("prompt") == len([s for s in shapes if s >= 3 and s % 4 == 0])
+
+
+# ------------------------------------------------------------------------------------ composition
+@pytest.fixture
+def plant(monkeypatch):
+    """Seer's boundary planted: snr_boundary returns fixed lengths."""
+    def _plant(lengths):
+        def fake(profile, valid_len, **kw):
+            return torch.tensor(lengths[: profile.shape[0]], dtype=torch.int32)
+
+        monkeypatch.setattr(seer_kernels, "snr_boundary", fake)
+    return _plant
+
+
+@pytest.mark.parametrize("kind,cache", [("llada-8b-instruct", None), ("dream-v0-instruct-7b", None),
+                                        ("lavida-llada", None), ("lavida-dream", None), ("lavida-llada", False)])
+def test_seer_dyllm_prefix_cache_compose(kind, cache, plant, monkeypatch):
+    model = tiny(kind)
+    plant([3, 6, 2])
+    seer = SeerConfig(probe_layer=1, guard=False)  # the guard's extensions: test_seer_guard_extension_rebuilds
+    gen = gen_for(model, prefix_cache=cache)
+    cuts = []
+    original = DyLLMPolicy.on_cut
+
+    def spy(self, rows, offset, new_wmax):
+        original(self, rows, offset, new_wmax)
+        cuts.append((new_wmax, self._dy_cap, self._dy_k[0].shape[1] - self._dy_pre, self._dy_k[2]))
+
+    monkeypatch.setattr(DyLLMPolicy, "on_cut", spy)
+    base, dy = run_both(model, gen, EXACT, seer=seer)
+    assert torch.equal(dy.sequences, base.sequences)
+    assert dy.stats.extra["seer"] == base.stats.extra["seer"]
+    # the cut came after layer 1: layers 0-1 cached and sliced to 6 positions, layer 2 not yet run
+    assert len(cuts) == 1 and cuts[0][:3] == (6, 6, 6) and cuts[0][3] is None
+    st = dy.stats.extra["dyllm"]
+    assert min(r["rows"] for r in st["steps"]) < 3  # requests left the forward when done
+    assert st["forwards"]["full"] == 1 and len(st["steps"]) > 3
+    # the defaults compose too
+    ids, mask, images = batch(model)
+    out = generate(model, ids, attention_mask=mask, images=images, gen=gen, seer=seer, dyllm=DyLLMConfig())
+    seer_stats, st = out.stats.extra["seer"], out.stats.extra["dyllm"]
+    for b, n in enumerate(seer_stats["final_window"]):
+        assert not (out.responses[b, :n] == model.token_ids.mask).any()
+        assert (out.responses[b, n:] == model.token_ids.eos).all()
+    assert st["forwards"]["full"] >= 4 and st["ideal_flop_ratio"] < 1
+
+
+@pytest.mark.parametrize("kind", ["llada-8b-instruct", "lavida-dream"])
+def test_seer_router_dyllm_compose(kind, plant):
+    """With the PWR router a step runs one padded forward per group, windows padded to the group's bucket."""
+    from seer_runtime.router import RouterConfig
+
+    model = tiny(kind)
+    plant([3, 13, 9, 2, 12])  # the longest window (13) is shorter than its bucket (16)
+    prompts = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14], [15], [16, 17, 18, 19]]
+    width = max(len(p) for p in prompts)
+    ids = torch.full((5, width), model.token_ids.pad)
+    mask = torch.zeros(5, width, dtype=torch.long)
+    for r, p in enumerate(prompts):
+        ids[r, width - len(p):] = torch.tensor(p)
+        mask[r, width - len(p):] = 1
+    gen, seer = gen_for(model, length=16), SeerConfig(probe_layer=1, guard=False)
+    naive = generate(model, ids, attention_mask=mask, gen=gen, seer=seer)
+    # one static group padded to its bucket, past every window; groups by length (one forward each)
+    for grouping in ("single", "length"):
+        router = RouterConfig.for_window(16, max_batch=8, tau_pad=1.0 if grouping == "single" else 0.2,
+                                         grouping=grouping)
+        out = generate(model, ids, attention_mask=mask, gen=gen, seer=seer, router=router, dyllm=EXACT)
+        assert torch.equal(out.responses, naive.responses), grouping
+        steps = out.stats.extra["dyllm"]["steps"]
+        per_step = len(steps) / (max(r["step"] for r in steps) + 1)
+        assert per_step == 1 if grouping == "single" else per_step > 1
+        out = generate(model, ids, attention_mask=mask, gen=gen, seer=seer, router=router, dyllm=DyLLMConfig())
+        for b, n in enumerate(out.stats.extra["seer"]["final_window"]):
+            assert not (out.responses[b, :n] == model.token_ids.mask).any()
+
+
+@pytest.mark.parametrize("kind", ["llada-8b-instruct", "dream-v0-instruct-7b"])
+def test_seer_guard_extension_rebuilds_the_caches(kind, plant):
+    """Seer's guard grows a window after the cut: the caches grow and one dense forward rebuilds them."""
+    model = tiny(kind)
+    plant([2, 3, 2])
+    seer = SeerConfig(probe_layer=1)
+    base, dy = run_both(model, gen_for(model), EXACT, seer=seer)
+    assert torch.equal(dy.sequences, base.sequences)
+    assert any(dy.stats.extra["seer"]["guard_events"])
+    recs = dy.stats.extra["dyllm"]["steps"]
+    assert [r["step"] for r in recs if r["mode"] == "full"][:2] == [0, 2]  # rebuilt after the first extension
+
+
+def test_seer_cut_slices_the_caches(plant):
+    model = tiny("llada-8b-instruct")
+    ids, mask, _ = batch(model)
+    plant([5, 9, 3])
+    run = build_run(model, ids, mask, None, gen_for(model, 16), seer=SeerConfig(probe_layer=1, guard=False),
+                    dyllm=DyLLMConfig())
+    with torch.no_grad():
+        run.step(0)
+    assert run.wlen == [5, 9, 3] and run._dy_cap == 9
+    assert all(t.shape[1] == run.Lp + 9 for t in run._dy_k + run._dy_v + run._dy_c + run._dy_f)
+    assert run._dy_valid == [5, 9, 3]
+    with torch.no_grad():
+        run.decode()
+    assert run._dy_k[0].shape[1] == run.Lp + 9
+
+
+# ------------------------------------------------------------------------------------ errors
+@pytest.mark.parametrize("make,err,match", [
+    (lambda: DyLLMConfig(tau=0.0), ValueError, "tau must be a finite number > 0"),
+    (lambda: DyLLMConfig(tau=float("nan")), ValueError, "tau must be a finite number"),
+    (lambda: DyLLMConfig(tau="0.9"), TypeError, "tau must be a real number"),
+    (lambda: DyLLMConfig(full_steps=0), ValueError, "full_steps must be an int >= 1"),
+    (lambda: DyLLMConfig(prompt_period=1.5), ValueError, "prompt_period must be an int >= 1"),
+    (lambda: DyLLMConfig(approx_attention=1), TypeError, "approx_attention must be a bool"),
+    (lambda: DyLLMConfig.from_dict({"tau": 0.9, "threshold": 1}), ValueError, "unknown DyLLMConfig fields"),
+])
+def test_bad_config(make, err, match):
+    with pytest.raises(err, match=match):
+        make()
+
+
+def test_config_round_trip_and_defaults(tmp_path):
+    cfg = DyLLMConfig(tau=0.98, full_steps=2, prompt_period=3, approx_attention=False)
+    cfg.to_json(tmp_path / "d.json")
+    assert DyLLMConfig.from_json(tmp_path / "d.json") == cfg
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.tau = 0.5
+    assert DyLLMConfig().tau is None and DyLLMConfig().tau_for("dream") == 0.995
+    assert DyLLMConfig().tau_for("llada") == 0.99 and cfg.tau_for("dream") == 0.98
+    for kind in ALL:
+        model = tiny(kind)
+        assert DyLLMConfig.for_model(model, full_steps=2) == DyLLMConfig(
+            tau=0.99 if model.family == "llada" else 0.995, full_steps=2)
+
+
+def test_bad_requests_name_the_argument():
+    model = tiny("llada-8b-instruct")
+    ids = torch.tensor([[5, 6, 7]])
+    with pytest.raises(ValueError, match="cfg_scale"):
+        generate(model, ids, gen=GenerationConfig(gen_length=4, cfg_scale=1.0), dyllm=DyLLMConfig())
+    with pytest.raises(TypeError, match="dyllm must be a DyLLMConfig"):
+        generate(model, ids, gen=GenerationConfig(gen_length=4), dyllm={"tau": 0.99})
+    run = build_run(model, ids, None, None, GenerationConfig(gen_length=4), dyllm=DyLLMConfig(full_steps=1))
+    run.step(0)
+    run._dy_step = 1
+    hidden, layout, prefix, _ = run.window_inputs([0], 4)
+    from seer_runtime.layout import Taps
+    with pytest.raises(ValueError, match="taps cannot be served"):
+        run.run_layer(0, hidden, layout, rope=model.rope(layout.positions), prefix=prefix, rows=[0], step=1,
+                      taps=Taps(keep_kv=True))
+    assert isinstance(layout, PaddedLayout)
