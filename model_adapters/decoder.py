@@ -27,7 +27,7 @@ from torch import nn
 
 from seer_runtime.layout import PackedLayout, PaddedLayout, PrefixKV, Taps, TokenIds
 
-from .common import block_forward, rope_cos_sin
+from .common import apply_rope, attention, block_forward, rope_cos_sin, swiglu
 
 
 @dataclass
@@ -107,6 +107,18 @@ class DiffusionDecoder(nn.Module):
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """fp32 cos/sin for ``positions [...]`` -> ``[..., head_dim]``."""
         return rope_cos_sin(positions, self.head_dim, self.rope_theta)
+
+    def apply_rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Rotate ``x [..., tokens, heads, d]`` as this family does (fp32 for LLaDA, model dtype for Dream)."""
+        return apply_rope(x, cos, sin, full_precision=self.rope_full_precision)
+
+    def attend(self, q, k, v, layout, *, prefix_k=None, prefix_v=None) -> torch.Tensor:
+        """This family's bidirectional attention core (padded: SDPA; packed: varlen kernel)."""
+        return attention(q, k, v, layout, prefix_k=prefix_k, prefix_v=prefix_v)
+
+    def swiglu(self, gate: torch.Tensor, up: torch.Tensor, taps: Taps | None = None) -> torch.Tensor:
+        """silu(gate) * up, measuring its sparsity in the same pass when ``taps`` asks."""
+        return swiglu(gate, up, taps)
 
     # -- the pieces the engine drives -----------------------------------------------------------
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -117,6 +117,15 @@ class DreamDecoderLayer(nn.Module):
             at.v_proj(x).view(*lead, self.n_kv_heads, self.head_dim),
         )
 
+    def project_q(self, x: torch.Tensor) -> torch.Tensor:
+        return self.self_attn.q_proj(x).view(*x.shape[:-1], self.n_heads, self.head_dim)
+
+    def project_kv(self, x: torch.Tensor):
+        lead = x.shape[:-1]
+        at = self.self_attn
+        return (at.k_proj(x).view(*lead, self.n_kv_heads, self.head_dim),
+                at.v_proj(x).view(*lead, self.n_kv_heads, self.head_dim))
+
     def project_out(self, ctx: torch.Tensor) -> torch.Tensor:
         return self.self_attn.o_proj(ctx)
 

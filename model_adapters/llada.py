@@ -125,6 +125,14 @@ class LLaDALlamaBlock(nn.Module):
             self.v_proj(x).view(*lead, self.n_kv_heads, self.head_dim),
         )
 
+    def project_q(self, x: torch.Tensor) -> torch.Tensor:
+        return self.q_proj(x).view(*x.shape[:-1], self.n_heads, self.head_dim)
+
+    def project_kv(self, x: torch.Tensor):
+        lead = x.shape[:-1]
+        return (self.k_proj(x).view(*lead, self.n_kv_heads, self.head_dim),
+                self.v_proj(x).view(*lead, self.n_kv_heads, self.head_dim))
+
     def project_out(self, ctx: torch.Tensor) -> torch.Tensor:
         return self.attn_out(ctx)
 

@@ -163,54 +163,6 @@ class DyLLMConfig:
             return cls.from_dict(json.load(f))
 
 
-# ------------------------------------------------------------------------------------ block math
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, full_precision: bool) -> torch.Tensor:
-    """Rotate-half RoPE of ``x [..., heads, d]`` with fp32 ``cos/sin [..., d]``, as the adapters do."""
-    cos = cos.unsqueeze(-2)
-    sin = sin.unsqueeze(-2)
-    if full_precision:
-        xf = x.float()
-        return (xf * cos + _rotate_half(xf) * sin).to(x.dtype)
-    cos = cos.to(x.dtype)
-    sin = sin.to(x.dtype)
-    return x * cos + _rotate_half(x) * sin
-
-
-def _dense_attention(q, k, v, layout: PaddedLayout, prefix_k=None, prefix_v=None) -> torch.Tensor:
-    """Padded bidirectional attention ``[B, L, H, d]`` over (prefix +) own keys, as the adapters do."""
-    if prefix_k is not None:
-        k = torch.cat([prefix_k, k], dim=1)
-        v = torch.cat([prefix_v, v], dim=1)
-    heads, kv_heads = q.shape[2], k.shape[2]
-    q_, k_, v_ = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    if kv_heads != heads:
-        k_ = k_.repeat_interleave(heads // kv_heads, dim=1)
-        v_ = v_.repeat_interleave(heads // kv_heads, dim=1)
-    mask = None if layout.key_mask is None else layout.key_mask[:, None, None, :]
-    if layout.attn_mask is not None:
-        mask = layout.attn_mask
-    out = F.scaled_dot_product_attention(q_, k_, v_, attn_mask=mask, dropout_p=0.0, is_causal=False)
-    return out.transpose(1, 2)
-
-
-def _swiglu(gate: torch.Tensor, up: torch.Tensor, taps: Taps | None) -> torch.Tensor:
-    if taps is not None and taps.mlp_sparsity_eps is not None:
-        from seer_kernels import swiglu_sparsity
-
-        act, sparsity = swiglu_sparsity(gate, up, taps.mlp_sparsity_eps)
-        taps.mlp_sparsity = sparsity
-    else:
-        act = F.silu(gate) * up
-    if taps is not None and taps.keep_mlp_act:
-        taps.mlp_act = act
-    return act
-
-
 # ------------------------------------------------------------------------------------ per forward
 @dataclass
 class _Forward:
@@ -379,24 +331,23 @@ class DyLLMPolicy:
         if not isinstance(layout, PaddedLayout):
             raise TypeError("DyLLM drives padded layouts only")
         blk = self.model.block(i)
-        full = self.model.rope_full_precision
         cos, sin = rope
         x_n = blk.attn_norm(hidden)
         q, k, v = blk.project_qkv(x_n)
-        q = _apply_rope(q, cos, sin, full)
-        k = _apply_rope(k, cos, sin, full)
+        q = self.model.apply_rope(q, cos, sin)
+        k = self.model.apply_rope(k, cos, sin)
         if taps is not None and taps.keep_kv:
             taps.kv = (k, v)
         pk = pv = None
         if prefix is not None:
             pk, pv = prefix.keys[i].transpose(1, 2), prefix.values[i].transpose(1, 2)
-        ctx = _dense_attention(q, k, v, layout, pk, pv)
+        ctx = self.model.attend(q, k, v, layout, prefix_k=pk, prefix_v=pv)
         ctx = ctx.reshape(*ctx.shape[:-2], -1)
         if taps is not None and taps.keep_attn_ctx:
             taps.attn_ctx = ctx
         hidden = hidden + blk.project_out(ctx)
         gate, up = blk.mlp_gate_up(blk.ffn_norm(hidden))
-        ffn = blk.mlp_down(_swiglu(gate, up, taps))
+        ffn = blk.mlp_down(self.model.swiglu(gate, up, taps))
         if self._dy_dims is None:
             self._dy_dims = {"D": hidden.shape[-1], "Hd": ctx.shape[-1], "Hkd": k.shape[-2] * k.shape[-1],
                              "I": gate.shape[-1]}
@@ -481,7 +432,6 @@ class DyLLMPolicy:
         from seer_kernels import cosine_saliency, gather_rows, partial_attention, scatter_rows
 
         blk = self.model.block(i)
-        full = self.model.rope_full_precision
         R, lq, D = hidden.shape
         tq = fw.tq
         gate = fw.gate
@@ -496,8 +446,8 @@ class DyLLMPolicy:
         else:  # the block projects Q, K and V together: keep the gating set's K/V
             q, k_all, v_all = blk.project_qkv(x_n)
             k_a, v_a = gather_rows(k_all, gate, n_a), gather_rows(v_all, gate, n_a)
-        q = _apply_rope(q, fw.cos, fw.sin, full)
-        k_a = _apply_rope(k_a, fw.cos.index_select(0, gate), fw.sin.index_select(0, gate), full)
+        q = self.model.apply_rope(q, fw.cos, fw.sin)
+        k_a = self.model.apply_rope(k_a, fw.cos.index_select(0, gate), fw.sin.index_select(0, gate))
         kc = self._dy_k[i].view(-1, *self._dy_k[i].shape[2:])
         vc = self._dy_v[i].view(-1, *self._dy_v[i].shape[2:])
         at = fw.q_cache.index_select(0, gate)

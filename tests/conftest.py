@@ -23,6 +23,11 @@ def pytest_addoption(parser):
     parser.addoption("--quick", action="store_true", help="shrink the adversarial shape lists")
 
 
+# One torch thread: the models under test are tiny, and with two threads torch's pool
+# spin-waits against any other process on a 2-core machine (20-60x slower, measured).
+torch.set_num_threads(int(os.environ.get("SEER_TEST_THREADS", "1")))
+
+
 @pytest.fixture(autouse=True)
 def _seed_everything():
     random.seed(0)

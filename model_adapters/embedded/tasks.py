@@ -6,24 +6,25 @@ word-level tokenizer), and their lengths are spread over 1 .. :data:`MAX_ANSWER_
 truncating the fixed response window matters.
 
 Images (48x48 px, one view): a 3x3 grid of 16 px cells, each empty or holding one coloured
-shape (:data:`COLOURS` x :data:`SHAPES`). With the tower's 8 px patches a cell is 2x2 patches,
-and LaViDa's 2x2 bilinear pooling turns it into exactly one LLM token (9 tokens + newline).
+shape (:data:`COLOURS` x :data:`SHAPES`), at most :data:`MAX_SHAPES` (6) shapes per image. With
+the tower's 8 px patches a cell is 2x2 patches, and LaViDa's 2x2 bilinear pooling turns it into
+exactly one LLM token (9 tokens + newline).
 
 Question families (answer lengths in brackets):
 
 ==================  ===============================================  ==========================
-image               "how many red shapes are there ?" -> "three"      1
+image               "how many red shapes are there ?" -> "three"      1 (counts 0..6)
 image               "how many circles are there ?" / "... shapes"     1
 image               "is there a blue square ?" -> "yes" / "no"        1
 image               "what colour is the shape in the top left ?"      1
 image               "what is in the top left ?" -> "green circle"     1-2 ("nothing")
-image               "list the colours" -> "red blue red"              1-9
-image               "list the red shapes" -> "circle , square"        1-17 (2k-1)
+image               "list the colours" -> "red blue red"              1-6
+image               "list the red shapes" -> "circle , square"        1-11 (2k-1)
 image               "where is the red circle ?" -> "top left , ..."   1-11 (3k-1)
 image               "describe the top row" -> "red circle , nothing , blue square"  5-8
-image               "list the shapes" -> "red circle , blue square"   1-26 (3n-1)
-image               "name the shapes" -> "red circle blue square"    2-18 (2n)
-image               "describe the grid" -> 9 cells, comma separated    17-26
+image               "list the shapes" -> "red circle , blue square"   1-17 (3n-1)
+image               "name the shapes" -> "red circle blue square"    2-12 (2n)
+image               "describe the grid" -> 9 cells, comma separated    17-23
 text                "count from three to nine" / "count down from ..."  2-21
 text                "repeat apple four times" / "repeat big red apple two times"  1-30
 text                "spell elephant" -> "e l e p h a n t"             3-10
