@@ -74,22 +74,9 @@ def run_demo(model, requests, gen, configs: dict, *, batch_size: int, progress: 
         batch = requests[start: start + batch_size]
         for name in names:
             part = run_requests(model, batch, gen, seer=configs.get(name), batch_size=batch_size, progress=bar)
-            _merge(results[name], part)
+            results[name].extend(part)
     bar.close()
     return results
-
-
-def _merge(total: RunResult, part: RunResult) -> None:
-    total.answers += part.answers
-    total.end_positions += part.end_positions
-    total.windows += part.windows
-    total.wall_s += part.wall_s
-    total.batch_wall_s += part.batch_wall_s
-    total.nfe += part.nfe
-    total.tokens_computed += part.tokens_computed
-    total.per_request_latency_s += part.per_request_latency_s
-    for k, v in part.seer.items():
-        total.seer.setdefault(k, []).extend(v)
 
 
 def format_table(figures: dict) -> str:

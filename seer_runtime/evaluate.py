@@ -52,6 +52,20 @@ class RunResult:
         lat = self.per_request_latency_s
         return sum(lat) / len(lat) if lat else 0.0
 
+    def extend(self, part: RunResult) -> None:
+        """Append another run's requests and totals (results of consecutive batches)."""
+        self.answers += part.answers
+        self.end_positions += part.end_positions
+        self.windows += part.windows
+        self.wall_s += part.wall_s
+        self.batch_wall_s += part.batch_wall_s
+        self.nfe += part.nfe
+        self.tokens_computed += part.tokens_computed
+        self.per_request_latency_s += part.per_request_latency_s
+        self.dyllm += part.dyllm
+        for k, v in part.seer.items():
+            self.seer.setdefault(k, []).extend(v)
+
     def exact_match(self, requests: list[Request]) -> float:
         ok = [a == r.truth_ids for a, r in zip(self.answers, requests) if r.truth_ids is not None]
         return sum(ok) / len(ok) if ok else float("nan")
@@ -67,8 +81,8 @@ def pad_left(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch
     return ids, (None if bool(mask.all()) else mask)
 
 
-def run_requests(model, requests: list[Request], gen: GenerationConfig, *, seer=None, dyllm=None,
-                 batch_size: int = 16, progress=None, desc: str = "") -> RunResult:
+def run_requests(model, requests: list[Request], gen: GenerationConfig, *, seer=None, dyllm=None, router=None,
+                 graphs="auto", batch_size: int = 16, progress=None) -> RunResult:
     """Decode ``requests`` in batches of ``batch_size`` (in order) and gather the figures.
 
     progress: a tqdm-like bar advanced by the number of requests of each batch, or None.
@@ -87,7 +101,8 @@ def run_requests(model, requests: list[Request], gen: GenerationConfig, *, seer=
         mask = None if mask is None else mask.to(model.device)
         images = [r.image for r in batch] if multimodal else None
         t0 = time.perf_counter()
-        out = generate(model, ids, attention_mask=mask, images=images, gen=gen, seer=seer, dyllm=dyllm)
+        out = generate(model, ids, attention_mask=mask, images=images, gen=gen, seer=seer, dyllm=dyllm,
+                       router=router, graphs=graphs)
         wall = time.perf_counter() - t0
         result.wall_s += wall
         result.batch_wall_s.append(wall)

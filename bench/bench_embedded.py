@@ -1,0 +1,68 @@
+"""Baseline vs DyLLM vs Seer vs Seer+DyLLM (and Seer with the router) on the embedded DMLLM.
+
+The trained LaViDa-LLaDA demo model, held-out requests, batches of 16, interleaved batch by
+batch so every configuration sees the same machine load. Run:
+
+    .venv/bin/pytest bench/bench_embedded.py -m bench -s          # 96 requests
+
+(the CI smoke run, with --benchmark-disable, decodes one batch of 4.) Printed: answer tok/s,
+mean latency, tokens computed (positions x layers), exact match, measured speed-up over the
+baseline beside the ideal one (the tokens-computed ratio; for DyLLM also the layer-FLOP ratio
+from the measured salient fractions).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from seer_kernels import kernel_backend
+from seer_runtime import DyLLMConfig
+from seer_runtime.evaluate import RunResult, run_requests
+from seer_runtime.router import RouterConfig
+
+pytestmark = pytest.mark.bench
+
+
+def test_embedded_methods(benchmark):
+    from model_adapters.embedded import serving
+
+    n, bs = (4, 4) if benchmark.disabled else (96, 16)
+    model, tok = serving.load_embedded()
+    requests, _ = serving.demo_requests(n, tok)
+    gen = serving.demo_generation_config()
+    seer = serving.default_seer_config()
+    dyllm = DyLLMConfig.for_model(model)
+    configs = {
+        "baseline": {},
+        "dyllm": {"dyllm": dyllm},
+        "seer": {"seer": seer},
+        "seer+dyllm": {"seer": seer, "dyllm": dyllm},
+        "seer+router": {"seer": seer, "router": RouterConfig.for_window(gen.gen_length, max_batch=bs)},
+    }
+    results = {name: RunResult() for name in configs}
+    flops = {name: [] for name in configs}
+
+    def run():
+        with kernel_backend("reference"):
+            for start in range(0, n, bs):
+                batch = requests[start: start + bs]
+                for name, kw in configs.items():
+                    part = run_requests(model, batch, gen, batch_size=bs, graphs=None, **kw)
+                    results[name].extend(part)
+                    flops[name] += [d.get("ideal_flop_ratio") for d in part.dyllm if d.get("ideal_flop_ratio")]
+
+    benchmark.pedantic(run, rounds=1, iterations=1, warmup_rounds=0)
+    base = results["baseline"]
+    print(f"\nembedded LaViDa-LLaDA, {n} held-out requests, batch {bs}, window {gen.gen_length}, "
+          f"{torch.get_num_threads()} thread(s)")
+    print("| config | answer tok/s | latency s | tokens computed | exact match | speed-up | ideal (tokens) | "
+          "ideal (DyLLM FLOPs) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, res in results.items():
+        ratio = flops[name]
+        dy = f"x{len(ratio) / sum(ratio):.2f}" if ratio else ""
+        print(f"| {name} | {res.tok_per_s:.1f} | {res.latency_s:.3f} | {res.tokens_computed:,} | "
+              f"{res.exact_match(requests):.3f} | x{res.tok_per_s / base.tok_per_s:.2f} | "
+              f"x{base.tokens_computed / max(1, res.tokens_computed):.2f} | {dy} |")
+    assert all(len(r.answers) == n for r in results.values())
