@@ -15,6 +15,12 @@ Recipe (LLaDA SFT, ``reference/MODELS.md`` §1.7; LaViDa §4.4-4.5):
   to the prompt; response rows to everything), ``--prefix-lm-fraction`` (0.5) of the samples,
   because inference uses LaViDa's prefix K/V cache (the prompt computed once, seeing itself).
 
+The shipped weights come from two phases (``train_log.json`` holds both)::
+
+    python -m model_adapters.embedded.train --out /tmp/phase1            # seed 0, 3600 steps
+    python -m model_adapters.embedded.train --init-from /tmp/phase1 --steps 1800 --lr 1.5e-3 \
+        --warmup 100 --seed 1                                            # into the package
+
 Determinism: the data stream, the masks and the initialisation come from ``--seed``, the thread
 count is fixed (``--threads``, 2), and the run length is a number of optimizer steps:
 ``--minutes`` converts to steps with a fixed rate measured on the reference machine (2 shared
@@ -38,11 +44,12 @@ import torch.nn.functional as F
 from . import EMBEDDED_DIR, RESPONSE_WINDOW, EmbeddedTokenizer, build_tokenizer
 from .tasks import HELDOUT_SEED, IMAGE_SIZE, RequestStream, TaskRequest, make_requests
 
-# Optimizer steps per reference minute (2 shared AMD EPYC cores, batch 48, the default size).
+# Optimizer steps per reference minute (1 thread on a shared 2-core AMD EPYC, batch 48, default size:
+# measured ~1.3 steps/s, so --minutes 60 took ~48 min there).
 STEPS_PER_REFERENCE_MINUTE = 60.0
 
 
-def model_config(tok: EmbeddedTokenizer, *, d_model: int = 192, n_layers: int = 6, n_heads: int = 6,
+def model_config(tok: EmbeddedTokenizer, *, d_model: int = 192, n_layers: int = 7, n_heads: int = 6,
                  mlp_hidden: int = 512, vision_hidden: int = 64, vision_layers: int = 2) -> dict:
     """The ``config.json`` of the demo model (a ``llava_llada`` with a small SigLIP tower)."""
     from model_adapters.configs import LLADA_8B_INSTRUCT
@@ -291,7 +298,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--weight-decay", type=float, default=0.05)
     p.add_argument("--d-model", type=int, default=192)
-    p.add_argument("--layers", type=int, default=6)
+    p.add_argument("--layers", type=int, default=7)
     p.add_argument("--heads", type=int, default=6)
     p.add_argument("--mlp", type=int, default=512)
     p.add_argument("--vision-hidden", type=int, default=64)
