@@ -24,14 +24,14 @@ def model_services():
 def _add_generation_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("generation")
     g.add_argument("--gen-length", type=int, default=None, help="response window (default: 128, or the JSON's)")
-    g.add_argument("--steps", type=int, default=None)
-    g.add_argument("--block-length", type=int, default=None)
-    g.add_argument("--temperature", type=float, default=None)
+    g.add_argument("--steps", type=int, default=None, help="denoising steps (default: gen_length)")
+    g.add_argument("--block-length", type=int, default=None, help="semi-autoregressive block (LLaDA family)")
+    g.add_argument("--temperature", type=float, default=None, help="0 = argmax (default)")
     g.add_argument("--remasking", default=None, help="LLaDA family: low_confidence|random|margin|entropy")
     g.add_argument("--alg", default=None, help="Dream family: origin|maskgit_plus|topk_margin|entropy")
-    g.add_argument("--cfg-scale", type=float, default=None)
+    g.add_argument("--cfg-scale", type=float, default=None, help="classifier-free guidance scale (LLaDA family)")
     g.add_argument("--schedule", default=None, help="shift|cosine|logit_normal|uniform (LaViDa)")
-    g.add_argument("--step-ratio", type=float, default=None)
+    g.add_argument("--step-ratio", type=float, default=None, help="LaViDa: steps per block scaled by this ratio (0, 1]")
     g.add_argument("--prefix-cache", dest="prefix_cache", action="store_true", default=None)
     g.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false")
     g.add_argument("--gen-json", default=None, help="a JSON file of GenerationConfig fields")
@@ -116,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="baseline vs Seer on the embedded model (what `make demo` runs)")
     p.add_argument("--requests", type=int, default=None, help="held-out requests (default: the demo's)")
-    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=None, help="requests per batch (default: the demo's)")
     p.add_argument("--json", default=None, help="write the figures as JSON to this path")
     p.add_argument("--plot", default=None, help="write the step-0 sparsity plot (PNG) to this path")
     p.add_argument("--model", default=None, help="a model directory instead of the embedded model")
@@ -125,10 +125,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("calibrate", help="choose Seer's probe layer, eps, tau_jump and gamma for a checkpoint")
     p.add_argument("--model", default=None, help="model directory (default: the embedded model)")
     p.add_argument("--data", default=None, help="JSONL of requests (default: the embedded model's calibration split)")
-    p.add_argument("--out", default="seer_config.json")
-    p.add_argument("--requests", type=int, default=None)
+    p.add_argument("--out", default="seer_config.json",
+                   help="where to write the chosen SeerConfig (JSON accepted by `generate --seer` and the demo)")
+    p.add_argument("--requests", type=int, default=None, help="use only the first N requests of the data")
     p.add_argument("--lam", type=float, default=0.1, help="lambda of U = accuracy ratio + lambda log(speed-up)")
-    p.add_argument("--plot", default=None)
+    p.add_argument("--plot", default=None, help="write the per-layer step-0 sparsity profiles (PNG) to this path")
     p.set_defaults(func=cmd_calibrate)
     return parser
 

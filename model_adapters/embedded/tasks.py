@@ -281,10 +281,18 @@ def _target_length(rng: np.random.Generator) -> int:
             return n
 
 
-def make_request(rng: np.random.Generator) -> TaskRequest:
-    """One request drawn from ``rng``: a target answer length, then a family able to make it."""
-    n = _target_length(rng)
-    families = SHORT_FAMILIES if n == 1 else LONG_FAMILIES
+def make_request(rng: np.random.Generator, *, image_focus: float = 0.0) -> TaskRequest:
+    """One request drawn from ``rng``: a target answer length, then a family able to make it.
+
+    image_focus: the probability of drawing from the image families only (training phases that
+    practise reading the image; 0 = the standard mix, which every split uses).
+    """
+    if image_focus and rng.random() < image_focus:
+        n = 1 if rng.random() < 0.6 else int(rng.integers(2, 21))
+        families = [f for f in (SHORT_FAMILIES if n == 1 else LONG_FAMILIES) if f.__name__.startswith("_img")]
+    else:
+        n = _target_length(rng)
+        families = SHORT_FAMILIES if n == 1 else LONG_FAMILIES
     for f in rng.permutation(len(families)):
         out = families[int(f)](rng, n)
         if out is not None:
@@ -313,8 +321,9 @@ def make_requests(n: int, split: str = "heldout", seed: int | None = None) -> li
 class RequestStream:
     """An endless deterministic stream of training requests (``next_batch(k)``)."""
 
-    def __init__(self, seed: int):
+    def __init__(self, seed: int, *, image_focus: float = 0.0):
         self.rng = np.random.default_rng([seed, 0])
+        self.image_focus = image_focus
 
     def next_batch(self, k: int) -> list[TaskRequest]:
-        return [make_request(self.rng) for _ in range(k)]
+        return [make_request(self.rng, image_focus=self.image_focus) for _ in range(k)]

@@ -31,6 +31,7 @@ with the same thread count (a faster machine just finishes sooner). ``--steps`` 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import platform
@@ -102,18 +103,26 @@ def init_weights(model: torch.nn.Module, n_layers: int, generator: torch.Generat
 
 
 # ------------------------------------------------------------------------------------ batches
-def prompt_batch(model, tok: EmbeddedTokenizer, reqs: list[TaskRequest]):
-    """Prompt embeddings ``[B, Lp, D]`` and bool key mask ``[B, Lp]`` (left-padded) for requests."""
+def prompt_batch(model, tok: EmbeddedTokenizer, reqs: list[TaskRequest], *, fp32_vision: bool = False):
+    """Prompt embeddings ``[B, Lp, D]`` and bool key mask ``[B, Lp]`` (left-padded) for requests.
+
+    fp32_vision: run the vision tower and projector outside any autocast region. The tower's
+    output (features before post_layernorm, as LaViDa takes them) carries a large constant
+    offset (|x| ~ 100-200) around a small informative part (std ~ 2); bf16 rounds that part
+    away (its step at 128 is 1), so the projector cannot learn to read colours and shapes.
+    """
     ids, mask = tok.pad_batch([tok.chat_prompt(r.question, r.has_image) for r in reqs])
     images = [r.image_input() for r in reqs]
-    embeds, pmask = model.embed_prompt(ids.to(model.device), mask.to(model.device), images)
+    region = torch.autocast(model.device.type, enabled=False) if fp32_vision else contextlib.nullcontext()
+    with region:
+        embeds, pmask = model.embed_prompt(ids.to(model.device), mask.to(model.device), images)
     if pmask is None:
         pmask = torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device)
     return embeds, pmask.bool()
 
 
 def training_loss(model, tok: EmbeddedTokenizer, reqs: list[TaskRequest], gen: torch.Generator, *,
-                  window: int, eps: float, prefix_lm_fraction: float) -> torch.Tensor:
+                  window: int, eps: float, prefix_lm_fraction: float, fp32_vision: bool = False) -> torch.Tensor:
     """LLaDA's SFT loss on one batch (see the module docstring)."""
     from seer_runtime.layout import PaddedLayout
 
@@ -128,7 +137,7 @@ def training_loss(model, tok: EmbeddedTokenizer, reqs: list[TaskRequest], gen: t
     target, masked, t, prefix_lm = target.to(dev), masked.to(dev), t.to(dev), prefix_lm.to(dev)
     noisy = torch.where(masked, torch.full_like(target, tok.mask_id), target)
 
-    p_embeds, p_mask = prompt_batch(model, tok, reqs)
+    p_embeds, p_mask = prompt_batch(model, tok, reqs, fp32_vision=fp32_vision)
     lp = p_embeds.shape[1]
     embeds = torch.cat([p_embeds, model.embed(noisy)], dim=1)
     length = lp + window
@@ -311,6 +320,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--checkpoint-dir", type=Path, default=None,
                    help="also save the weights at every held-out check there (for inspection or --init-from)")
     p.add_argument("--warmup", type=int, default=None, help="warm-up steps (default: steps/20, at most 300)")
+    p.add_argument("--stop-at", type=int, default=None,
+                   help="stop after this many steps of a --steps schedule (the learning rate follows --steps)")
+    p.add_argument("--image-focus", type=float, default=0.0,
+                   help="fraction of each batch drawn from the image families only (a reading phase)")
+    p.add_argument("--fp32-vision", action="store_true",
+                   help="keep the vision tower and projector out of bf16 autocast (see prompt_batch)")
     p.add_argument("--save-dtype", choices=["float16", "float32"], default="float16")
     p.add_argument("--no-bf16", dest="bf16", action="store_false",
                    help="train in plain fp32 (default on CPU: bf16 autocast, fp32 master weights)")
@@ -328,6 +343,9 @@ def main(argv=None) -> dict:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     steps = args.steps if args.steps is not None else max(1, round(args.minutes * STEPS_PER_REFERENCE_MINUTE))
     eval_every = args.eval_every or max(1, steps // 6)
+    stop_at = steps if args.stop_at is None else args.stop_at
+    if not 1 <= stop_at <= steps:
+        raise ValueError(f"--stop-at must be in [1, --steps={steps}], got {args.stop_at}")
 
     tok = EmbeddedTokenizer(build_tokenizer())
     cfg = model_config(tok, d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
@@ -351,14 +369,14 @@ def main(argv=None) -> dict:
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.98), eps=1e-8)
     warmup = args.warmup if args.warmup is not None else max(1, min(300, steps // 20))
-    stream = RequestStream(args.seed)
+    stream = RequestStream(args.seed, image_focus=args.image_focus)
     mask_gen = torch.Generator().manual_seed(args.seed + 1)
     heldout = make_requests(max(args.eval_requests, args.final_eval_requests), "heldout", seed=HELDOUT_SEED)
     probe = heldout[: args.eval_requests]
 
     log = {"command": " ".join([sys.executable.split("/")[-1], "-m", "model_adapters.embedded.train",
                                 *(argv if argv is not None else sys.argv[1:])]),
-           "seed": args.seed, "minutes": args.minutes, "steps": steps,
+           "seed": args.seed, "minutes": args.minutes, "steps": steps, "stopped_at": stop_at,
            "init_from": None if args.init_from is None else str(args.init_from),
            "args": {k: str(v) for k, v in vars(args).items()},
            "parameters": n_params, "window": RESPONSE_WINDOW,
@@ -372,7 +390,7 @@ def main(argv=None) -> dict:
           f"window {RESPONSE_WINDOW}, device {device}", flush=True)
     start = time.perf_counter()
     running, running_n = 0.0, 0
-    bar = tqdm(range(steps), desc="train", dynamic_ncols=True, mininterval=2.0)
+    bar = tqdm(range(stop_at), desc="train", dynamic_ncols=True, mininterval=2.0)
     for step in bar:
         lr = lr_at(step, steps, args.lr, warmup, args.lr * 0.03)
         for group in opt.param_groups:
@@ -380,19 +398,19 @@ def main(argv=None) -> dict:
         reqs = stream.next_batch(args.batch_size)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16 and device.type == "cpu"):
             loss = training_loss(model, tok, reqs, mask_gen, window=RESPONSE_WINDOW, eps=1e-3,
-                                 prefix_lm_fraction=args.prefix_lm_fraction)
+                                 prefix_lm_fraction=args.prefix_lm_fraction, fp32_vision=args.fp32_vision)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         running += loss.item()
         running_n += 1
-        if (step + 1) % 25 == 0 or step + 1 == steps:
+        if (step + 1) % 25 == 0 or step + 1 == stop_at:
             log["loss_curve"].append({"step": step + 1, "loss": running / running_n, "lr": lr,
                                       "elapsed_s": round(time.perf_counter() - start, 1)})
             bar.set_postfix(loss=f"{running / running_n:.4f}", lr=f"{lr:.2e}")
             running, running_n = 0.0, 0
-        if (step + 1) % eval_every == 0 and step + 1 < steps:
+        if (step + 1) % eval_every == 0 and step + 1 < stop_at:
             m = evaluate_step0(model, tok, probe)
             dec = evaluate_decoding(model, tok, probe[:96])
             m.update(step=step + 1, elapsed_s=round(time.perf_counter() - start, 1),
