@@ -226,25 +226,6 @@ def _img_repeat_colour(rng, n):
     return "repeat_colour", question, " ".join([grid[idx][0]] * n), grid
 
 
-def _img_list(rng, n):
-    """A grounding drill (training only, see :func:`make_request`): one attribute of every cell of
-    a row, a column (3 words) or the whole grid (9 words, row-major), "nothing" for empty cells."""
-    if n not in (3, 9):
-        return None
-    grid = _random_grid(rng, int(rng.integers(0, MAX_SHAPES + 1)))
-    attr = int(rng.integers(2))  # 0: colour, 1: shape
-    if n == 9:
-        cells, where, kind = list(range(9)), "", "list_grid"
-    elif rng.random() < 0.5:
-        r = int(rng.integers(3))
-        cells, where, kind = [3 * r + c for c in range(3)], f" in the {ROWS[r]}", "list_row"
-    else:
-        c = int(rng.integers(3))
-        cells, where, kind = [3 * r + c for r in range(3)], f" in the {COLS[c]}", "list_column"
-    words = ["nothing" if grid[i] is None else grid[i][attr] for i in cells]
-    return kind, f"list the {('colour', 'shape')[attr]}{where}", " ".join(words), grid
-
-
 def _txt_repeat(rng, n):
     options = [w for w in (1, 2, 3) if n % w == 0 and 1 <= n // w <= 20]
     if not options:
@@ -300,18 +281,13 @@ def _target_length(rng: np.random.Generator) -> int:
             return n
 
 
-def make_request(rng: np.random.Generator, *, image_focus: float = 0.0, image_drills: float = 0.0) -> TaskRequest:
+def make_request(rng: np.random.Generator, *, image_focus: float = 0.0) -> TaskRequest:
     """One request drawn from ``rng``: a target answer length, then a family able to make it.
 
     image_focus: the probability of drawing from the image families only (training phases that
     practise reading the image; 0 = the standard mix, which every split uses).
-    image_drills: within those, the probability of a grounding drill (:func:`_img_list`: every
-    cell of a row, column or grid, 3 or 9 image-read words; training only, never in a split).
     """
     if image_focus and rng.random() < image_focus:
-        if image_drills and rng.random() < image_drills:
-            out = _img_list(rng, 3 if rng.random() < 0.6 else 9)
-            return TaskRequest(out[0], out[1], out[2], draw_grid(out[3], rng), out[3])
         n = 1 if rng.random() < 0.6 else int(rng.integers(2, 21))
         families = [f for f in (SHORT_FAMILIES if n == 1 else LONG_FAMILIES) if f.__name__.startswith("_img")]
     else:
@@ -345,11 +321,9 @@ def make_requests(n: int, split: str = "heldout", seed: int | None = None) -> li
 class RequestStream:
     """An endless deterministic stream of training requests (``next_batch(k)``)."""
 
-    def __init__(self, seed: int, *, image_focus: float = 0.0, image_drills: float = 0.0):
+    def __init__(self, seed: int, *, image_focus: float = 0.0):
         self.rng = np.random.default_rng([seed, 0])
         self.image_focus = image_focus
-        self.image_drills = image_drills
 
     def next_batch(self, k: int) -> list[TaskRequest]:
-        return [make_request(self.rng, image_focus=self.image_focus, image_drills=self.image_drills)
-                for _ in range(k)]
+        return [make_request(self.rng, image_focus=self.image_focus) for _ in range(k)]

@@ -31,7 +31,6 @@ with the same thread count (a faster machine just finishes sooner). ``--steps`` 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import platform
@@ -39,7 +38,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -103,72 +101,27 @@ def init_weights(model: torch.nn.Module, n_layers: int, generator: torch.Generat
                 p.normal_(0.0, 0.02, generator=generator)
 
 
-def reinit_projector(model, generator: torch.Generator, *, n_images: int = 200) -> None:
-    """Centre the vision tower's output and give the mlp2x_gelu projector fresh, whitened weights.
-
-    A tower trained from scratch without a final norm (LaViDa reads SigLIP before
-    ``post_layernorm``) drifts to outputs of ~100-200 per channel around a content part of std
-    ~2. Adam then moves the projector's pre-activations by ~lr x sum|x| ~ 6 per step along that
-    offset, so the projector ends badly conditioned: a linear probe on the pooled cell token
-    read its colour 57% of the time, against 96% on the tower's own pooled output. This
-    subtracts the measured mean from the last kept layer's ``fc2`` bias (the tower's output is
-    then centred) and draws W = N(0, 1/d) / std(x), b = 0 for the first projector layer and
-    N(0, 0.02) for the second, with the bias that centres its output: 98% (colour) and 86%
-    (shape) before any training. Trained further with Adam, the same drift came back within 500
-    steps (image tokens of norm ~200 differing by ~1 between images, text embeddings ~1.6), so
-    the recipe freezes the refitted tower and projector (``--freeze-vision``) and trains the LLM
-    to read them. Statistics come from ``n_images`` random grids.
-    """
-    from model_adapters.lavida import process_image
-
-    from .tasks import IMAGE_SIZE, MAX_SHAPES, _random_grid, draw_grid
-
-    seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
-    rng = np.random.default_rng(seed)
-    tower = model.model.vision_tower
-    last_fc2 = tower.vision_tower.vision_model.encoder.layers[-1].mlp.fc2
-    first, second = model.model.mm_projector[0], model.model.mm_projector[2]
-    with torch.no_grad():
-        feats = []
-        for _ in range(n_images):
-            grid = _random_grid(rng, int(rng.integers(0, MAX_SHAPES + 1)))
-            px = process_image(draw_grid(grid, rng), image_size=IMAGE_SIZE, anyres=False).pixel_values
-            feats.append(tower(px.to(model.device, first.weight.dtype)).float()[0])
-        x = torch.cat(feats)
-        mean, std = x.mean(0), x.std(0).clamp_min(1e-3)
-        last_fc2.bias.sub_(mean.to(last_fc2.bias.dtype))
-        w = torch.randn(first.weight.shape, generator=generator) / math.sqrt(first.in_features) / std.cpu()[None]
-        first.weight.copy_(w)
-        first.bias.zero_()
-        second.weight.copy_(torch.randn(second.weight.shape, generator=generator) * 0.02)
-        # centre the output too: the GELU's positive mean would otherwise put a shared offset
-        # into every image token
-        gelu_mean = F.gelu((x - mean) @ w.to(x.device).T).mean(0)
-        second.bias.copy_(-(second.weight @ gelu_mean.to(second.weight.device)))
-
-
 # ------------------------------------------------------------------------------------ batches
-def prompt_batch(model, tok: EmbeddedTokenizer, reqs: list[TaskRequest], *, fp32_vision: bool = False):
-    """Prompt embeddings ``[B, Lp, D]`` and bool key mask ``[B, Lp]`` (left-padded) for requests.
-
-    fp32_vision: run the vision tower and projector outside any autocast region. The tower's
-    output (features before post_layernorm, as LaViDa takes them) carries a large constant
-    offset (|x| ~ 100-200) around a small informative part (std ~ 2); bf16 rounds that part
-    away (its step at 128 is 1), so the projector cannot learn to read colours and shapes.
-    """
+def prompt_batch(model, tok: EmbeddedTokenizer, reqs: list[TaskRequest]):
+    """Prompt embeddings ``[B, Lp, D]`` and bool key mask ``[B, Lp]`` (left-padded) for requests."""
     ids, mask = tok.pad_batch([tok.chat_prompt(r.question, r.has_image) for r in reqs])
     images = [r.image_input() for r in reqs]
-    region = torch.autocast(model.device.type, enabled=False) if fp32_vision else contextlib.nullcontext()
-    with region:
-        embeds, pmask = model.embed_prompt(ids.to(model.device), mask.to(model.device), images)
+    embeds, pmask = model.embed_prompt(ids.to(model.device), mask.to(model.device), images)
     if pmask is None:
         pmask = torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device)
     return embeds, pmask.bool()
 
 
 def training_loss(model, tok: EmbeddedTokenizer, reqs: list[TaskRequest], gen: torch.Generator, *,
-                  window: int, eps: float, prefix_lm_fraction: float, fp32_vision: bool = False) -> torch.Tensor:
-    """LLaDA's SFT loss on one batch (see the module docstring)."""
+                  window: int, eps: float, prefix_lm_fraction: float, window_cut: float = 0.0) -> torch.Tensor:
+    """LLaDA's SFT loss on one batch (see the module docstring).
+
+    window_cut: the probability that a sample's window is cut to a random length between its
+    answer plus end-of-turn and ``window`` (the positions after it are neither keys nor loss
+    terms). LLaDA's SFT pads with EOS to the longest sequence of each batch, so its model sees
+    many tail lengths; a model that only ever saw the full window changes its answers when Seer
+    removes the tail (measured: 41 of 96 answers moved with an exact cut).
+    """
     from seer_runtime.layout import PaddedLayout
 
     b = len(reqs)
@@ -182,11 +135,20 @@ def training_loss(model, tok: EmbeddedTokenizer, reqs: list[TaskRequest], gen: t
     target, masked, t, prefix_lm = target.to(dev), masked.to(dev), t.to(dev), prefix_lm.to(dev)
     noisy = torch.where(masked, torch.full_like(target, tok.mask_id), target)
 
-    p_embeds, p_mask = prompt_batch(model, tok, reqs, fp32_vision=fp32_vision)
+    p_embeds, p_mask = prompt_batch(model, tok, reqs)
     lp = p_embeds.shape[1]
     embeds = torch.cat([p_embeds, model.embed(noisy)], dim=1)
     length = lp + window
-    keys = torch.cat([p_mask, torch.ones(b, window, dtype=torch.bool, device=dev)], dim=1)
+    in_window = torch.ones(b, window, dtype=torch.bool)
+    if window_cut > 0:
+        need = torch.tensor([len(tok.encode(r.answer)) + 1 for r in reqs])
+        cut = torch.rand(b, generator=gen) < window_cut
+        span = (window - need + 1).clamp_min(1)
+        keep = torch.where(cut, need + (torch.rand(b, generator=gen) * span).long(), torch.full_like(need, window))
+        in_window = torch.arange(window)[None] < keep.clamp_max(window)[:, None]
+    in_window = in_window.to(dev)
+    masked = masked & in_window
+    keys = torch.cat([p_mask, in_window], dim=1)
     allowed = keys[:, None, :].expand(b, length, length).clone()
     allowed[:, :lp, lp:] &= ~prefix_lm[:, None, None]  # prompt rows do not see the response
     positions = torch.arange(length, device=dev).expand(b, length)
@@ -369,14 +331,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="stop after this many steps of a --steps schedule (the learning rate follows --steps)")
     p.add_argument("--image-focus", type=float, default=0.0,
                    help="fraction of each batch drawn from the image families only (a reading phase)")
-    p.add_argument("--image-drills", type=float, default=0.0,
-                   help="fraction of the image-focus draws that are grounding drills (row / column / grid lists)")
-    p.add_argument("--reinit-projector", action="store_true",
-                   help="with --init-from: centre the tower output, fresh whitened projector weights")
-    p.add_argument("--freeze-vision", action="store_true",
-                   help="train the LLM only: the vision tower and projector keep their weights")
-    p.add_argument("--fp32-vision", action="store_true",
-                   help="keep the vision tower and projector out of bf16 autocast (see prompt_batch)")
+    p.add_argument("--window-cut", type=float, default=0.0,
+                   help="probability of training a sample on a window cut after its answer (Seer-robustness)")
     p.add_argument("--save-dtype", choices=["float16", "float32"], default="float16")
     p.add_argument("--no-bf16", dest="bf16", action="store_false",
                    help="train in plain fp32 (default on CPU: bf16 autocast, fp32 master weights)")
@@ -408,25 +364,19 @@ def main(argv=None) -> dict:
         cfg = dict(model.config)
         cfg.pop("torch_dtype", None)
         model.config = cfg
-        if args.reinit_projector:
-            reinit_projector(model, torch.Generator().manual_seed(args.seed + 2))
     else:
         model = build_model(cfg, device=device)
         init_weights(model, args.layers, torch.Generator().manual_seed(args.seed))
     model.train()
     n_params = sum(p.numel() for p in model.parameters())
-    if args.freeze_vision:
-        for p in (*model.model.vision_tower.parameters(), *model.model.mm_projector.parameters()):
-            p.requires_grad_(False)
 
-    trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    decay = [p for n, p in trained if p.dim() >= 2 and "wte" not in n]
-    no_decay = [p for n, p in trained if p.dim() < 2 or "wte" in n]
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "wte" not in n]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2 or "wte" in n]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.98), eps=1e-8)
     warmup = args.warmup if args.warmup is not None else max(1, min(300, steps // 20))
-    stream = RequestStream(args.seed, image_focus=args.image_focus, image_drills=args.image_drills)
+    stream = RequestStream(args.seed, image_focus=args.image_focus)
     mask_gen = torch.Generator().manual_seed(args.seed + 1)
     heldout = make_requests(max(args.eval_requests, args.final_eval_requests), "heldout", seed=HELDOUT_SEED)
     probe = heldout[: args.eval_requests]
@@ -455,7 +405,7 @@ def main(argv=None) -> dict:
         reqs = stream.next_batch(args.batch_size)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16 and device.type == "cpu"):
             loss = training_loss(model, tok, reqs, mask_gen, window=RESPONSE_WINDOW, eps=1e-3,
-                                 prefix_lm_fraction=args.prefix_lm_fraction, fp32_vision=args.fp32_vision)
+                                 prefix_lm_fraction=args.prefix_lm_fraction, window_cut=args.window_cut)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
