@@ -153,16 +153,53 @@ def _guard_cost(keep: int, end: int, window: int) -> int:
     return keep
 
 
+def read_requests_jsonl(path, *, encode_prompt, encode_answer, load_image, limit: int | None = None) -> list[Request]:
+    """Requests from a JSONL file: one object per line with ``question`` (str), optional
+    ``image`` (a path relative to the file) and optional ``answer`` (the reference; without it
+    the baseline's own answer is the reference). The callables come from the model layer."""
+    from pathlib import Path
+
+    path = Path(path)
+    requests = []
+    for line_no, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--data {path}:{line_no}: not JSON ({exc})") from None
+        if not isinstance(item, dict) or not isinstance(item.get("question"), str):
+            raise ValueError(f"--data {path}:{line_no}: needs a 'question' string")
+        image = load_image(path.parent / item["image"]) if item.get("image") else None
+        truth = encode_answer(item["answer"]) if item.get("answer") is not None else None
+        requests.append(Request(encode_prompt(item["question"], with_image=image is not None), image, truth))
+        if limit is not None and len(requests) >= limit:
+            break
+    if not requests:
+        raise ValueError(f"--data {path} holds no requests")
+    return requests
+
+
 def main(args) -> int:
-    from .cli import model_services
+    from .cli import generation_config, model_services
 
     svc = model_services()
-    emb = svc.embedded()
-    if args.model:
-        model = svc.load_model(args.model)
+    if args.model:  # a real checkpoint: its own tokenizer, image processor and generation options
+        if not args.data:
+            raise ValueError("--model needs --data (a JSONL of requests: question, optional image and answer)")
+        dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+                 None: None}[args.dtype]
+        model = svc.load_model(args.model, dtype=dtype, device=args.device)
+        tok = svc.load_tokenizer(args.model)
+        requests = read_requests_jsonl(
+            args.data, encode_prompt=tok.encode_prompt, limit=args.requests,
+            encode_answer=lambda text: tok.tokenizer.encode(text, add_special_tokens=False).ids,
+            load_image=lambda p: svc.load_image(model, p))
+        gen = generation_config(args)
     else:
+        emb = svc.embedded()
         model, _ = emb.load_embedded()
-    requests, gen = emb.calibration_requests(args.data, n=args.requests, model=model)
+        requests, gen = emb.calibration_requests(args.data, n=args.requests, model=model)
     out = calibrate(model, requests, gen, lam=args.lam, progress=True, plot=args.plot)
     cfg = out.pop("config")
     cfg.to_json(args.out, calibration=out)

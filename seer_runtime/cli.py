@@ -21,7 +21,7 @@ def model_services():
     return chosen.load()
 
 
-def _add_generation_options(p: argparse.ArgumentParser) -> None:
+def _add_generation_options(p: argparse.ArgumentParser, *, with_policies: bool = True) -> None:
     g = p.add_argument_group("generation")
     g.add_argument("--gen-length", type=int, default=None, help="response window (default: 128, or the JSON's)")
     g.add_argument("--steps", type=int, default=None, help="denoising steps (default: gen_length)")
@@ -35,6 +35,8 @@ def _add_generation_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--prefix-cache", dest="prefix_cache", action="store_true", default=None)
     g.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false")
     g.add_argument("--gen-json", default=None, help="a JSON file of GenerationConfig fields")
+    if not with_policies:
+        return
     g.add_argument("--seer", default=None, help="a SeerConfig JSON file (from `seer calibrate`) to cut the window")
     g.add_argument("--dyllm", default=None, help="a DyLLMConfig JSON file, or 'default'")
 
@@ -123,13 +125,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("calibrate", help="choose Seer's probe layer, eps, tau_jump and gamma for a checkpoint")
-    p.add_argument("--model", default=None, help="model directory (default: the embedded model)")
-    p.add_argument("--data", default=None, help="JSONL of requests (default: the embedded model's calibration split)")
+    p.add_argument("--model", default=None,
+                   help="a local checkpoint with its tokenizer.json (default: the embedded model); needs --data")
+    p.add_argument("--data", default=None,
+                   help="JSONL, one request per line: question, optional image (path relative to the file), "
+                        "optional answer (default: the embedded model's calibration split)")
     p.add_argument("--out", default="seer_config.json",
                    help="where to write the chosen SeerConfig (JSON accepted by `generate --seer` and the demo)")
     p.add_argument("--requests", type=int, default=None, help="use only the first N requests of the data")
     p.add_argument("--lam", type=float, default=0.1, help="lambda of U = accuracy ratio + lambda log(speed-up)")
     p.add_argument("--plot", default=None, help="write the per-layer step-0 sparsity profiles (PNG) to this path")
+    p.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"])
+    p.add_argument("--device", default="cpu")
+    _add_generation_options(p, with_policies=False)
     p.set_defaults(func=cmd_calibrate)
     return parser
 

@@ -52,7 +52,6 @@ def calibration_requests(data: str | Path | None = None, n: int | None = None, m
     baseline's own answer is the reference). None: ``n`` (default 128) generated requests from a
     seed disjoint from training and from the demo's held-out split.
     """
-    from seer_runtime.evaluate import Request
 
     tokenizer = tokenizer or EmbeddedTokenizer()
     if data is None:
@@ -61,30 +60,16 @@ def calibration_requests(data: str | Path | None = None, n: int | None = None, m
     from PIL import Image
 
     from model_adapters.lavida import process_image
+    from seer_runtime.calibrate import read_requests_jsonl
 
     from .tasks import IMAGE_SIZE
 
-    path = Path(data)
-    requests = []
-    for line_no, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{line_no}: not JSON ({exc})") from None
-        if "question" not in item:
-            raise ValueError(f"{path}:{line_no}: missing 'question'")
-        image = None
-        if item.get("image"):
-            with Image.open(path.parent / item["image"]) as img:
-                image = process_image(img.convert("RGB"), image_size=IMAGE_SIZE, anyres=False)
-        truth = tokenizer.encode(item["answer"]) if item.get("answer") is not None else None
-        requests.append(Request(tokenizer.chat_prompt(item["question"], with_image=image is not None), image, truth))
-        if n is not None and len(requests) >= n:
-            break
-    if not requests:
-        raise ValueError(f"{path} holds no requests")
+    def load_image(path):
+        with Image.open(path) as img:
+            return process_image(img.convert("RGB"), image_size=IMAGE_SIZE, anyres=False)
+
+    requests = read_requests_jsonl(data, encode_prompt=tokenizer.chat_prompt, encode_answer=tokenizer.encode,
+                                   load_image=load_image, limit=n)
     return requests, demo_generation_config()
 
 

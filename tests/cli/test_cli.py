@@ -66,3 +66,27 @@ def test_generate_with_an_image_on_a_lavida_checkpoint(tmp_path, capsys):
     rc = main(["generate", "--model", str(tmp_path), "--prompt", "w7 w8", "--image", str(tmp_path / "img.png"),
                "--gen-length", "4"])
     assert rc == 0 and "[stats] NFE 5" in capsys.readouterr().err  # prefill + 4 steps (prefix cache)
+
+
+def test_calibrate_a_checkpoint_from_jsonl(tmp_path, capsys):
+    """``seer calibrate --model DIR --data FILE`` uses the checkpoint's own tokenizer and the
+    generation options given, and writes a SeerConfig that ``generate --seer`` accepts."""
+    from seer_runtime.seer import SeerConfig
+
+    ckpt = tmp_path / "ckpt"
+    write_checkpoint(ckpt)
+    data = tmp_path / "requests.jsonl"
+    data.write_text("\n".join(json.dumps({"question": f"w{i} w{i + 1} w{i + 2}"}) for i in range(6)) + "\n")
+    out = tmp_path / "seer.json"
+    rc = main(["calibrate", "--model", str(ckpt), "--data", str(data), "--out", str(out), "--gen-length", "8",
+               "--steps", "8", "--block-length", "8"])
+    assert rc == 0, capsys.readouterr().err
+    cfg = SeerConfig.from_json(out)
+    assert 0 <= cfg.probe_layer < 2
+    rc = main(["generate", "--model", str(ckpt), "--prompt", "w1", "--gen-length", "8", "--seer", str(out)])
+    assert rc == 0
+    data.write_text("{\"prompt\": \"w1\"}\n")
+    rc = main(["calibrate", "--model", str(ckpt), "--data", str(data), "--out", str(out)])
+    assert rc == 2 and "needs a 'question' string" in capsys.readouterr().err
+    rc = main(["calibrate", "--model", str(ckpt), "--out", str(out)])
+    assert rc == 2 and "--model needs --data" in capsys.readouterr().err

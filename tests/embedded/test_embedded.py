@@ -103,7 +103,8 @@ def test_task_generator_is_deterministic():
 def test_heldout_requests_decode_correctly(shipped):
     """Held-out requests decode to their answers with the baseline decoder, at the quality the
     training run recorded in train_log.json (a regression check of weights, tokenizer, engine
-    and prompt format together). The recorded quality is below the project's 90% target: see
+    and prompt format together). The recorded quality (about 76% exact match on 1000 held-out
+    requests) is below the issue's 90% bar: the image questions are the weak part, see
     bench/RESULTS.md, "Embedded demo model (training)"."""
     from model_adapters.embedded.train import decode_requests, evaluate_step0, exact_matches
 
@@ -128,3 +129,50 @@ def test_heldout_requests_decode_correctly(shipped):
     length_acc = evaluate_step0(model, tok, reqs)["step0_length_acc"]
     rate = recorded["step0_length_acc"]
     assert length_acc >= rate - 3 * math.sqrt(rate * (1 - rate) / N_DECODE)
+
+
+def test_shipped_seer_config_and_demo_json(tmp_path):
+    """The calibrated SeerConfig ships beside the weights, and ``seer demo --json`` writes the
+    figures the README promises (a short run: one batch of 8 held-out requests)."""
+    from model_adapters.embedded.serving import SEER_CONFIG_FILE, default_seer_config
+    from seer_runtime.cli import main
+
+    cfg = default_seer_config()
+    saved = json.loads(SEER_CONFIG_FILE.read_text())
+    assert cfg.probe == saved["probe"] and cfg.guard
+    out = tmp_path / "demo.json"
+    assert main(["demo", "--requests", "8", "--batch-size", "8", "--json", str(out),
+                 "--plot", str(tmp_path / "profiles.png")]) == 0
+    fig = json.loads(out.read_text())
+    for key in ("requests", "baseline", "seer", "speedup", "ideal_speedup", "boundary_mae",
+                "over_truncation_rate", "recovered", "lost_answers", "probes"):
+        assert key in fig, key
+    for part in (fig["baseline"], fig["seer"]):
+        for key in ("tok_per_s", "latency_s", "nfe", "tokens_computed", "exact_match"):
+            assert key in part, key
+    assert fig["requests"] == 8 and set(fig["probes"]) == {"sparsity", "eos_prob", "both"}
+    # Seer never computes more positions than the baseline, and the guard loses nothing it
+    # cannot report: every over-truncated answer is either recovered or counted as lost
+    for probe in fig["probes"].values():
+        assert probe["tokens_computed"] <= fig["baseline"]["tokens_computed"]
+        assert probe["recovered"] + probe["lost_answers"] == probe["over_truncated"]
+
+
+def test_calibration_jsonl_round_trips(tmp_path):
+    """The JSONL ``seer calibrate --data`` reads (questions, PNG images beside the file, answers)
+    gives back the calibration split's requests."""
+    from model_adapters.embedded.serving import calibration_requests, write_calibration_jsonl
+
+    path = write_calibration_jsonl(tmp_path / "cal.jsonl", n=24)
+    from_file, _ = calibration_requests(path)
+    generated, _ = calibration_requests(None, n=24)
+    assert len(from_file) == len(generated) == 24
+    assert any(r.image is not None for r in from_file)
+    for a, b in zip(from_file, generated):
+        assert a.prompt_ids == b.prompt_ids and a.truth_ids == b.truth_ids
+        assert (a.image is None) == (b.image is None)
+        if a.image is not None:  # PNG is lossless: the pixels survive the round trip
+            assert torch.equal(a.image.pixel_values, b.image.pixel_values)
+    (tmp_path / "bad.jsonl").write_text("[1, 2]\n")
+    with pytest.raises(ValueError, match="needs a 'question' string"):
+        calibration_requests(tmp_path / "bad.jsonl")
