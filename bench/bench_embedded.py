@@ -13,6 +13,8 @@ from the measured salient fractions).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -36,6 +38,7 @@ def test_embedded_methods(benchmark):
     configs = {
         "baseline": {},
         "dyllm": {"dyllm": dyllm},
+        "dyllm (exact attention)": {"dyllm": replace(dyllm, approx_attention=False)},
         "seer": {"seer": seer},
         "seer+dyllm": {"seer": seer, "dyllm": dyllm},
         "seer+router": {"seer": seer, "router": RouterConfig.for_window(gen.gen_length, max_batch=bs)},
