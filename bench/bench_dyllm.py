@@ -28,7 +28,6 @@ CPU timings run on ``SEER_BENCH_THREADS`` torch threads (default 1; see bench_dy
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
@@ -56,17 +55,6 @@ CONFIGS = [
 def mid_model():
     torch.manual_seed(0)
     return ma.build_model(ma.tiny_config("llada-8b-instruct", **MID))
-
-
-@pytest.fixture
-def cpu_threads():
-    previous = torch.get_num_threads()
-    threads = int(os.environ.get("SEER_BENCH_THREADS", "1"))
-    torch.set_num_threads(threads)
-    try:
-        yield threads
-    finally:
-        torch.set_num_threads(previous)
 
 
 def _run(model, ids, gen, dyllm):

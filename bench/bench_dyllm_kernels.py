@@ -19,7 +19,6 @@ are shared, torch's OpenMP pool spin-waits and multi-threaded medians swing wide
 from __future__ import annotations
 
 import importlib
-import os
 import time
 
 import pytest
@@ -38,18 +37,6 @@ _pa = importlib.import_module("seer_kernels.partial_attn")
 # 192 + response 64, 8 heads of 64
 N, D = 2048, 1024
 B, PROMPT, RESPONSE, H, HK, HEAD_DIM = 2, 192, 64, 8, 8, 64
-
-
-@pytest.fixture
-def cpu_threads():
-    """Run the CPU timing on SEER_BENCH_THREADS torch threads, restoring the count afterwards."""
-    previous = torch.get_num_threads()
-    threads = int(os.environ.get("SEER_BENCH_THREADS", "1"))
-    torch.set_num_threads(threads)
-    try:
-        yield threads
-    finally:
-        torch.set_num_threads(previous)
 
 
 def _median_seconds(benchmark, fn) -> float:

@@ -20,7 +20,6 @@ of the fused kernels.
 from __future__ import annotations
 
 import importlib
-import os
 import time
 
 import pytest
@@ -43,18 +42,6 @@ _snr = importlib.import_module("seer_kernels.boundary_scan")
 # CPU shapes: a batch of 4 windows of 128 tokens over a 2048-wide MLP (a small model's size)
 R, T, F = 4, 128, 2048
 B, N = 64, 256  # Seer's boundary scan: batch 64, window 256
-
-
-@pytest.fixture
-def cpu_threads():
-    """Run the CPU timing on SEER_BENCH_THREADS torch threads, restoring the count afterwards."""
-    previous = torch.get_num_threads()
-    threads = int(os.environ.get("SEER_BENCH_THREADS", "1"))
-    torch.set_num_threads(threads)
-    try:
-        yield threads
-    finally:
-        torch.set_num_threads(previous)
 
 
 def _median_seconds(benchmark, fn) -> float:
