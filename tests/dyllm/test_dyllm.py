@@ -16,9 +16,12 @@ import model_adapters as ma
 import seer_kernels
 from seer_runtime import DyLLMConfig, GenerationConfig, generate
 from seer_runtime.dyllm import DyLLMPolicy
+from seer_runtime.evaluate import pad_left
 from seer_runtime.layout import PaddedLayout
 from seer_runtime.policies import build_run
 from seer_runtime.seer import SeerConfig
+
+from ..tiny_models import tiny
 
 pytestmark = [pytest.mark.dyllm, pytest.mark.usefixtures("reference_kernels")]
 
@@ -35,14 +38,6 @@ def _one_thread():
     torch.set_num_threads(previous)
 
 
-def tiny(kind, seed=0):
-    torch.manual_seed(seed)
-    model = ma.build_model(ma.tiny_config(kind))
-    for p in model.parameters():
-        p.data.add_(0.05 * torch.randn_like(p))
-    return model
-
-
 def batch(model):
     """Three left-padded requests (LaViDa: two with images of different sizes)."""
     prompts, images = [[5, 6, 7, 8, 9, 10, 11], [12, 13], [14, 15, 16, 17]], None
@@ -51,12 +46,7 @@ def batch(model):
         torch.manual_seed(4)
         images = [ma.ImageInput(torch.randn(1, 3, 32, 32), (32, 32)), None,
                   ma.ImageInput(torch.randn(5, 3, 32, 32), (64, 48), (2, 2))]
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), model.token_ids.pad)
-    mask = torch.zeros(len(prompts), width, dtype=torch.long)
-    for r, p in enumerate(prompts):
-        ids[r, width - len(p):] = torch.tensor(p)
-        mask[r, width - len(p):] = 1
+    ids, mask = pad_left(prompts, model.token_ids.pad)
     return ids, mask, images
 
 
@@ -360,12 +350,7 @@ def test_seer_router_dyllm_compose(kind, plant):
     model = tiny(kind)
     plant([3, 13, 9, 2, 12])  # the longest window (13) is shorter than its bucket (16)
     prompts = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14], [15], [16, 17, 18, 19]]
-    width = max(len(p) for p in prompts)
-    ids = torch.full((5, width), model.token_ids.pad)
-    mask = torch.zeros(5, width, dtype=torch.long)
-    for r, p in enumerate(prompts):
-        ids[r, width - len(p):] = torch.tensor(p)
-        mask[r, width - len(p):] = 1
+    ids, mask = pad_left(prompts, model.token_ids.pad)
     gen, seer = gen_for(model, length=16), SeerConfig(probe_layer=1, guard=False)
     naive = generate(model, ids, attention_mask=mask, gen=gen, seer=seer)
     # one static group padded to its bucket, past every window; groups by length (one forward each)

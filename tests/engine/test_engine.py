@@ -10,30 +10,14 @@ import torch
 
 import model_adapters as ma
 from seer_runtime import GenerationConfig, generate
+from seer_runtime.evaluate import pad_left
 from seer_runtime.layout import PaddedLayout
 from seer_runtime.schedules import scheduled_counts, uniform_counts
 
+from ..tiny_models import tiny
 from .oracles import dream_reference, llada_reference
 
 pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("reference_kernels")]
-
-
-def tiny(kind, scale=0.05, seed=0):
-    torch.manual_seed(seed)
-    model = ma.build_model(ma.tiny_config(kind))
-    for p in model.parameters():
-        p.data.add_(scale * torch.randn_like(p))
-    return model
-
-
-def left_pad(prompts, pad):
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad)
-    mask = torch.zeros(len(prompts), width, dtype=torch.long)
-    for r, p in enumerate(prompts):
-        ids[r, width - len(p):] = torch.tensor(p)
-        mask[r, width - len(p):] = 1
-    return ids, (None if bool(mask.all()) else mask)
 
 
 def llada_logits_fn(model, mask):
@@ -55,7 +39,7 @@ def llada_logits_fn(model, mask):
 ])
 def test_llada_matches_reference_token_for_token(kind, temperature, remasking, block, cfg):
     model = tiny(kind)
-    ids, mask = left_pad([[5, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15, 16, 17]], model.token_ids.pad)
+    ids, mask = pad_left([[5, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15, 16, 17]], model.token_ids.pad)
     torch.manual_seed(1234)
     want = llada_reference(llada_logits_fn(model, mask), ids, mask_id=model.token_ids.mask, gen_length=8, steps=8,
                            block_length=block, temperature=temperature, cfg_scale=cfg, remasking=remasking)
@@ -95,7 +79,7 @@ def test_llada_eos_knobs_match_reference():
 ])
 def test_dream_matches_reference_token_for_token(alg, temperature, alg_temp, top_p, top_k):
     model = tiny("dream-v0-instruct-7b")
-    ids, mask = left_pad([[5, 6, 7, 8, 9], [10, 11, 12]], model.token_ids.pad)
+    ids, mask = pad_left([[5, 6, 7, 8, 9], [10, 11, 12]], model.token_ids.pad)
 
     def logits_fn(x):
         full = torch.cat([mask, torch.ones(2, x.shape[1] - mask.shape[1], dtype=torch.long)], 1)
@@ -204,7 +188,7 @@ def test_each_request_in_a_batch_gets_what_it_gets_alone(kind, temperature):
     gen = GenerationConfig(gen_length=8, block_length=4 if model.family == "llada" else None,
                            temperature=temperature, rng="per_request", seed=7, tie_break="stable",
                            alg="entropy" if model.family == "dream" else "origin")
-    ids, mask = left_pad(prompts, model.token_ids.pad)
+    ids, mask = pad_left(prompts, model.token_ids.pad)
     batch = generate(model, ids, attention_mask=mask, images=images, gen=gen)
     for r, p in enumerate(prompts):
         alone = generate(model, torch.tensor([p]), images=None if images is None else [images[r]],
@@ -277,7 +261,7 @@ def test_schedules():
 
 def test_statistics_and_outputs():
     model = tiny("llada-8b-instruct")
-    ids, mask = left_pad([[5, 6, 7, 8], [9, 10]], model.token_ids.pad)
+    ids, mask = pad_left([[5, 6, 7, 8], [9, 10]], model.token_ids.pad)
     out = generate(model, ids, attention_mask=mask, gen=GenerationConfig(gen_length=8, steps=4, block_length=4))
     st = out.stats
     assert st.nfe == 4 and st.steps == [4, 4]

@@ -7,23 +7,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-import model_adapters as ma
 import seer_kernels
 from seer_runtime import GenerationConfig, generate
 from seer_runtime.engine import DecodeRun
+from seer_runtime.evaluate import pad_left
 from seer_runtime.seer import SeerConfig
+
+from ..tiny_models import tiny
 
 pytestmark = [pytest.mark.seer]
 
 W = 12
-
-
-def tiny(kind, seed=0):
-    torch.manual_seed(seed)
-    model = ma.build_model(ma.tiny_config(kind))
-    for p in model.parameters():
-        p.data.add_(0.05 * torch.randn_like(p))
-    return model
 
 
 @pytest.fixture
@@ -162,12 +156,7 @@ def test_batch_with_mixed_cuts_gives_each_request_what_it_gets_alone(kind, plant
     keeps = [4, 11, 7]
     gen = GenerationConfig(gen_length=W, tie_break="stable", block_length=4 if model.family == "llada" else None,
                            alg="entropy" if model.family == "dream" else "origin")
-    width = max(len(p) for p in prompts)
-    ids = torch.full((3, width), model.token_ids.pad)
-    mask = torch.zeros(3, width, dtype=torch.long)
-    for r, p in enumerate(prompts):
-        ids[r, width - len(p):] = torch.tensor(p)
-        mask[r, width - len(p):] = 1
+    ids, mask = pad_left(prompts, model.token_ids.pad)
     cfg = SeerConfig(probe_layer=1, guard=False)
     plant(keeps)
     batch = generate(model, ids, attention_mask=mask, gen=gen, seer=cfg)
