@@ -300,19 +300,14 @@ def calibrate(model, requests: list[Request], gen: GenerationConfig, *, lam: flo
     # decode the best simulated candidates, the best one of the paper's own probe (reported even
     # when it loses), and the end-probability probe (nothing to simulate: its boundary needs the
     # final logits), then choose by the measured U
-    to_verify, seen = [], set()
-    for s in sims:
-        c = s["config"]
-        eps_key = tuple(round(x, 6) for x in c.eps) if isinstance(c.eps, tuple) else round(c.eps, 6)
-        key = (c.layers, eps_key, c.tau_jump, c.gamma, c.baseline_window, c.min_position, c.probe)
-        if key in seen:
-            continue
-        if len(to_verify) < verify_top or (c.probe == "sparsity" and all(
-                t["config"].probe != "sparsity" for t in to_verify)):
-            seen.add(key)
-            to_verify.append(s)
-        if len(to_verify) > verify_top and any(t["config"].probe == "sparsity" for t in to_verify):
-            break
+    distinct, seen = [], set()
+    for s in sims:  # two candidate layer sets can coincide (SeerConfig is frozen: hashable)
+        if s["config"] not in seen:
+            seen.add(s["config"])
+            distinct.append(s)
+    to_verify = distinct[:verify_top]
+    if all(s["config"].probe != "sparsity" for s in to_verify):
+        to_verify += [s for s in distinct if s["config"].probe == "sparsity"][:1]
     # (it keeps the best sparsity settings, so that switching its probe back stays calibrated)
     nan = float("nan")
     to_verify.append({"config": replace(sims[0]["config"], probe="eos_prob"), "U": nan, "over_truncation": nan,
