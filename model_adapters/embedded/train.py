@@ -15,11 +15,11 @@ Recipe (LLaDA SFT, ``reference/MODELS.md`` §1.7; LaViDa §4.4-4.5):
   to the prompt; response rows to everything), ``--prefix-lm-fraction`` (0.5) of the samples,
   because inference uses LaViDa's prefix K/V cache (the prompt computed once, seeing itself).
 
-The shipped weights come from two phases (``train_log.json`` holds both)::
-
-    python -m model_adapters.embedded.train --out /tmp/phase1            # seed 0, 3600 steps
-    python -m model_adapters.embedded.train --init-from /tmp/phase1 --steps 1800 --lr 1.5e-3 \
-        --warmup 100 --seed 1                                            # into the package
+The shipped weights come from five phases, each starting from the previous one's weights:
+``make train-demo-model`` runs them (the commands, curves and held-out figures are in
+``bench/RESULTS.md``; ``train_log.json`` records the last phase). ``--image-focus`` draws part
+of each batch from the image families only; ``--window-cut`` trains part of the samples on a
+window cut after their answer, so that the model answers the same in a window Seer shortened.
 
 Determinism: the data stream, the masks and the initialisation come from ``--seed``, the thread
 count is fixed (``--threads``, 2), and the run length is a number of optimizer steps:
@@ -141,7 +141,7 @@ def training_loss(model, tok: EmbeddedTokenizer, reqs: list[TaskRequest], gen: t
     length = lp + window
     in_window = torch.ones(b, window, dtype=torch.bool)
     if window_cut > 0:
-        need = torch.tensor([len(tok.encode(r.answer)) + 1 for r in reqs])
+        need = torch.tensor([r.answer_tokens + 1 for r in reqs])  # answer + end of turn
         cut = torch.rand(b, generator=gen) < window_cut
         span = (window - need + 1).clamp_min(1)
         keep = torch.where(cut, need + (torch.rand(b, generator=gen) * span).long(), torch.full_like(need, window))
