@@ -16,12 +16,11 @@ mode), answer tok/s, tokens computed, and the router's useful / padded tokens pe
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
 import model_adapters as ma
+from bench.workloads import answer_lengths
 from seer_kernels import kernel_backend
 from seer_runtime import GenerationConfig, generate
 from seer_runtime.router import RouterConfig
@@ -30,15 +29,6 @@ from seer_runtime.seer import SeerConfig
 pytestmark = pytest.mark.bench
 
 WINDOW = 32
-
-
-def answer_lengths(n: int, seed: int = 0) -> list[int]:
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        u = rng.random()
-        out.append(rng.randint(1, 8) if u < 0.6 else rng.randint(9, 30) if u < 0.95 else WINDOW)
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +49,7 @@ def test_serving_modes(benchmark, serving_model):
     def run():
         for batch in batches:
             ids = torch.randint(0, 4000, (batch, prefix))
-            lengths = answer_lengths(batch, seed=batch)
+            lengths = answer_lengths(batch, window=WINDOW, seed=batch)
             keep = [min(WINDOW, n + 1) for n in lengths]  # the answer plus its end token
             oracle = SeerConfig(probe="oracle", oracle_keep_len=keep, guard=False)
             modes = {

@@ -20,10 +20,11 @@ Importable on a CPU-only machine: nothing touches CUDA before ``run`` is called.
 from __future__ import annotations
 
 import os
-import random
 import time
 
 import torch
+
+from bench.workloads import answer_lengths
 
 LLADA_8B = dict(d_model=4096, n_heads=32, n_kv_heads=32, mlp_hidden_size=12288, vocab_size=126464,
                 embedding_size=126464, rope_theta=500000.0, mask_token_id=126336, eos_token_id=126081,
@@ -62,9 +63,7 @@ def serving_rows(quick: bool, layers: int) -> list[dict]:
     gen = GenerationConfig(gen_length=window, steps=window, prefix_cache=True, tie_break="stable")
     rows = []
     for batch in ((32, 128) if quick else (32, 64, 128, 256)):
-        rng = random.Random(batch)
-        lengths = [rng.randint(1, 8) if (u := rng.random()) < 0.6 else rng.randint(9, 30) if u < 0.95 else window
-                   for _ in range(batch)]
+        lengths = answer_lengths(batch, window=window, seed=batch)
         keep = [min(window, n + 1) for n in lengths]
         ids = torch.randint(0, 120000, (batch, prefix), device="cuda")
         oracle = SeerConfig(probe="oracle", oracle_keep_len=keep, guard=False)
