@@ -269,6 +269,23 @@ SHORT_FAMILIES = [_img_count] * 3 + [_img_yesno] * 2 + [_img_cell] * 3 + [_txt_n
 LONG_FAMILIES = [_img_repeat_colour, _img_cell, _txt_repeat, _txt_count_to, _txt_first_letters]
 
 
+def make_drill(rng: np.random.Generator) -> TaskRequest:
+    """A training-only reading drill: list every cell's colour (or shape) in reading order.
+
+    "list the colour of the shapes" -> 9 words, "nothing" for an empty cell. Nine answer words
+    read from the image, each from one fixed image token, against one word for most image
+    questions: it teaches the backbone to read the projected cells, as LLaVA's alignment stage
+    teaches it on captions. Not part of any evaluation split.
+    """
+    grid = _random_grid(rng, int(rng.integers(1, MAX_SHAPES + 1)))
+    if rng.random() < 0.5:
+        kind, question, part = "list_colours", "list the colour of the shapes", 0
+    else:
+        kind, question, part = "list_shapes", "list the shapes", 1
+    answer = " ".join("nothing" if c is None else c[part] for c in grid)
+    return TaskRequest(kind, question, answer, draw_grid(grid, rng), grid)
+
+
 def _target_length(rng: np.random.Generator) -> int:
     u = rng.random()
     if u < 0.30:
@@ -319,11 +336,21 @@ def make_requests(n: int, split: str = "heldout", seed: int | None = None) -> li
 
 
 class RequestStream:
-    """An endless deterministic stream of training requests (``next_batch(k)``)."""
+    """An endless deterministic stream of training requests (``next_batch(k)``).
 
-    def __init__(self, seed: int, *, image_focus: float = 0.0):
+    image_focus: see :func:`make_request`; drill: the probability of a reading drill
+    (:func:`make_drill`) instead of a request.
+    """
+
+    def __init__(self, seed: int, *, image_focus: float = 0.0, drill: float = 0.0):
         self.rng = np.random.default_rng([seed, 0])
         self.image_focus = image_focus
+        self.drill = drill
+
+    def _one(self) -> TaskRequest:
+        if self.drill and self.rng.random() < self.drill:
+            return make_drill(self.rng)
+        return make_request(self.rng, image_focus=self.image_focus)
 
     def next_batch(self, k: int) -> list[TaskRequest]:
-        return [make_request(self.rng, image_focus=self.image_focus) for _ in range(k)]
+        return [self._one() for _ in range(k)]

@@ -17,7 +17,13 @@ from model_adapters.embedded import (
     build_tokenizer,
     load_embedded,
 )
-from model_adapters.embedded.tasks import MAX_ANSWER_TOKENS, make_requests, vocabulary_words
+from model_adapters.embedded.tasks import (
+    MAX_ANSWER_TOKENS,
+    RequestStream,
+    make_drill,
+    make_requests,
+    vocabulary_words,
+)
 
 pytestmark = pytest.mark.models
 
@@ -98,6 +104,59 @@ def test_task_generator_is_deterministic():
         assert set((r.question + " " + r.answer).split()) <= words
     with pytest.raises(ValueError, match="split"):
         make_requests(1, "test")
+
+
+def test_reading_drills_are_training_only_and_well_formed():
+    """Drills answer with one word per cell in reading order; a stream without drills draws
+    exactly what it drew before drills existed (the held-out split never holds one)."""
+    import numpy as np
+
+    words = set(vocabulary_words())
+    tok = EmbeddedTokenizer(build_tokenizer())
+    rng = np.random.default_rng(3)
+    for _ in range(40):
+        r = make_drill(rng)
+        cells = r.answer.split()
+        assert len(cells) == 9 and set(r.question.split()) | set(cells) <= words
+        part = 0 if r.kind == "list_colours" else 1
+        assert cells == ["nothing" if c is None else c[part] for c in r.grid]
+        assert len(tok.encode(r.answer)) == 9 and r.has_image
+    plain = [(r.question, r.answer) for r in RequestStream(5).next_batch(30)]
+    assert plain == [(r.question, r.answer) for r in RequestStream(5, drill=0.0).next_batch(30)]
+    mixed = RequestStream(5, drill=0.5).next_batch(60)
+    assert 10 < sum(r.kind.startswith("list_") for r in mixed) < 50
+    assert not any(r.kind.startswith("list_") for r in make_requests(300, "heldout"))
+
+
+def test_vision_stage_learns_cells_and_projector_init_is_centred():
+    """Stage 0 teaches a fresh tiny tower to name each pooled cell's colour, shape and place
+    (chance: 1/5, 1/4, 1/9); the whitened projector then gives cell tokens whose shared part is
+    small against their differences (a plain init gives nearly one token for every cell)."""
+    import numpy as np
+
+    from model_adapters.embedded.tasks import TaskRequest, _random_grid, draw_grid
+    from model_adapters.embedded.train import init_projector_whitened, init_weights, model_config, pretrain_vision_tower
+    from model_adapters.loading import build_model
+
+    torch.manual_seed(0)
+    tok = EmbeddedTokenizer(build_tokenizer())
+    model = build_model(model_config(tok, d_model=64, n_layers=1, n_heads=2, mlp_hidden=64, vision_hidden=32))
+    init_weights(model, 1, torch.Generator().manual_seed(0))
+    rng = np.random.default_rng(4)
+    probe = [TaskRequest("grid", "", "", draw_grid(g, rng), g).image_input()
+             for g in (_random_grid(rng, 5) for _ in range(16))]
+
+    def shared_over_spread():
+        with torch.no_grad():
+            cells = torch.cat([model.image_embeddings(x)[:9] for x in probe])
+        return float(cells.mean(0).norm() / (cells - cells.mean(0)).norm(dim=1).mean())
+
+    before = shared_over_spread()
+    acc = pretrain_vision_tower(model, steps=60, seed=0, batch_size=32)
+    assert acc["colour"] > 0.6 and acc["shape"] > 0.4 and acc["cell"] > 0.5, acc
+    init_projector_whitened(model, seed=0, n_images=64)
+    after = shared_over_spread()
+    assert after < 0.5 < before, (before, after)
 
 
 def test_heldout_requests_decode_correctly(shipped):
