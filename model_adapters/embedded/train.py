@@ -25,7 +25,9 @@ Opt-in, not in the shipped recipe (measured in ``bench/RESULTS.md``): ``--vision
 first trains the SigLIP tower alone to name each pooled cell's colour, shape and place
 (:func:`pretrain_vision_tower`; LaViDa starts from a pretrained SigLIP), re-initialises the
 projector for it (:func:`init_projector_whitened`), keeps the tower frozen during the SFT
-(``--train-vision`` keeps training it) and computes the image tokens in fp32; ``--drill p``
+(``--train-vision`` keeps training it) and computes the image tokens in fp32; ``--align-steps``
+then fits the projector so that a cell token is the sum of its words' embeddings
+(:func:`align_projector_to_words`); ``--drill p``
 draws part of each batch as reading drills (list every cell's colour or shape).
 
 Determinism: the data stream, the masks and the initialisation come from ``--seed``, the thread
@@ -202,6 +204,42 @@ def init_projector_whitened(model, *, seed: int, n_images: int = 256, out_scale:
     w2 = torch.randn(second.weight.shape, generator=gen).to(feats) * out_scale
     second.weight.copy_(w2)
     second.bias.copy_(-(hidden @ w2.T).mean(0))
+
+
+def align_projector_to_words(model, tok: EmbeddedTokenizer, *, steps: int, seed: int, batch_size: int = 64,
+                             lr: float = 3e-3) -> float:
+    """Fit the projector (tower frozen) so that each pooled cell token is the sum of the word
+    embeddings of its colour, shape, row and column ("nothing" twice for an empty cell), the
+    way LLaVA's first stage aligns image features with the LLM's embedding space. Returns the
+    last batch's mean squared error per token."""
+    import numpy as np
+
+    from .tasks import COLS, MAX_SHAPES, ROWS, _random_grid, draw_grid
+
+    rng = np.random.default_rng([seed, 10])
+    proj = model.model.mm_projector
+    opt = torch.optim.Adam(proj.parameters(), lr=lr)
+    word = {w: tok.encode(w)[0] for w in ["nothing", *ROWS, *COLS]}
+    loss = torch.zeros(())
+    for _ in range(steps):
+        grids = [_random_grid(rng, int(rng.integers(0, MAX_SHAPES + 1))) for _ in range(batch_size)]
+        px = torch.cat([TaskRequest("grid", "", "", draw_grid(g, rng), g).image_input().pixel_values
+                        for g in grids]).to(model.device)
+        ids = []
+        for g in grids:
+            for idx, cell in enumerate(g):
+                r, c = divmod(idx, 3)
+                what = ["nothing", "nothing"] if cell is None else list(cell)
+                ids.append([word[w] if w in word else tok.encode(w)[0] for w in what] + [word[ROWS[r]], word[COLS[c]]])
+        with torch.no_grad():
+            target = model.embed(torch.tensor(ids, device=model.device)).sum(1).view(batch_size, 9, -1)
+        with torch.autocast(model.device.type, enabled=False):
+            out = model.encode_images(px).reshape(batch_size, 9, -1)
+            loss = ((out - target) ** 2).sum(-1).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return float(loss.detach())
 
 
 # ------------------------------------------------------------------------------------ batches
@@ -444,6 +482,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--vision-steps", type=int, default=0,
                    help="stage-0 steps of the vision tower alone, then a refit projector and a frozen tower "
                         "(fresh models only; 0: none, the shipped recipe)")
+    p.add_argument("--align-steps", type=int, default=0,
+                   help="after the vision stage, fit the projector to word-embedding sums (align_projector_to_words)")
     p.add_argument("--train-vision", action="store_true",
                    help="keep training the tower during SFT (default: frozen after its stage 0)")
     p.add_argument("--window-cut", type=float, default=0.0,
@@ -486,6 +526,10 @@ def main(argv=None) -> dict:
     if args.init_from is None and args.vision_steps > 0:
         vision_stage = pretrain_vision_tower(model, steps=args.vision_steps, seed=args.seed)
         init_projector_whitened(model, seed=args.seed)
+        if args.align_steps > 0:
+            for p in model.model.vision_tower.parameters():
+                p.requires_grad_(False)
+            vision_stage["align_mse"] = align_projector_to_words(model, tok, steps=args.align_steps, seed=args.seed)
         print(f"vision stage ({args.vision_steps} steps): held-out cell accuracy {vision_stage}", flush=True)
     frozen = args.vision_steps > 0 and not args.train_vision
     for p in model.model.vision_tower.parameters():

@@ -135,7 +135,13 @@ def test_vision_stage_learns_cells_and_projector_init_is_centred():
     import numpy as np
 
     from model_adapters.embedded.tasks import TaskRequest, _random_grid, draw_grid
-    from model_adapters.embedded.train import init_projector_whitened, init_weights, model_config, pretrain_vision_tower
+    from model_adapters.embedded.train import (
+        align_projector_to_words,
+        init_projector_whitened,
+        init_weights,
+        model_config,
+        pretrain_vision_tower,
+    )
     from model_adapters.loading import build_model
 
     torch.manual_seed(0)
@@ -157,6 +163,12 @@ def test_vision_stage_learns_cells_and_projector_init_is_centred():
     init_projector_whitened(model, seed=0, n_images=64)
     after = shared_over_spread()
     assert after < 0.5 < before, (before, after)
+    # the optional alignment: cell tokens move towards their words' embedding sums
+    for p in model.model.vision_tower.parameters():
+        p.requires_grad_(False)
+    first = align_projector_to_words(model, tok, steps=1, seed=0, batch_size=16)
+    later = align_projector_to_words(model, tok, steps=60, seed=1, batch_size=16)
+    assert later < 0.5 * first, (first, later)
 
 
 def test_heldout_requests_decode_correctly(shipped):
