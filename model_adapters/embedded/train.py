@@ -112,6 +112,24 @@ def init_weights(model: torch.nn.Module, n_layers: int, generator: torch.Generat
 
 
 # ------------------------------------------------------------------------------------ vision stage
+def _random_grids(rng, n: int):
+    """``n`` random grids of 0..MAX_SHAPES shapes, drawn lazily (one per iteration)."""
+    from .tasks import MAX_SHAPES, _random_grid
+
+    return (_random_grid(rng, int(rng.integers(0, MAX_SHAPES + 1))) for _ in range(n))
+
+
+def _grid_pixels(grids, rng, device) -> torch.Tensor:
+    """Pixel values ``[n, 3, S, S]`` of ``grids`` drawn with ``rng`` (as the tasks draw them).
+
+    ``grids`` may be a lazy iterable: each grid is then chosen just before it is drawn, which
+    is a different ``rng`` sequence from choosing every grid first (a list)."""
+    from .tasks import draw_grid
+
+    return torch.cat([TaskRequest("grid", "", "", draw_grid(g, rng), g).image_input().pixel_values
+                      for g in grids]).to(device)
+
+
 def pretrain_vision_tower(model, *, steps: int, seed: int, batch_size: int = 64, lr: float = 3e-3) -> dict:
     """Stage 0: train the SigLIP tower alone to say, per 2x2-pooled cell of a drawn grid, its
     colour (or empty), its shape (or empty) and which cell it is, through a linear head that is
@@ -121,7 +139,7 @@ def pretrain_vision_tower(model, *, steps: int, seed: int, batch_size: int = 64,
     """
     import numpy as np
 
-    from .tasks import COLOURS, SHAPES, _random_grid, draw_grid
+    from .tasks import COLOURS, SHAPES
 
     tower = model.model.vision_tower
     pool = int(model.config.get("mm_spatial_pool_stride", 2))
@@ -132,9 +150,8 @@ def pretrain_vision_tower(model, *, steps: int, seed: int, batch_size: int = 64,
     opt = torch.optim.AdamW(list(tower.parameters()) + list(head.parameters()), lr=lr, weight_decay=0.0)
 
     def images(rng, n):
-        grids = [_random_grid(rng, int(rng.integers(0, 7))) for _ in range(n)]
-        px = torch.cat([TaskRequest("grid", "", "", draw_grid(g, rng), g).image_input().pixel_values
-                        for g in grids]).to(model.device)
+        grids = list(_random_grids(rng, n))
+        px = _grid_pixels(grids, rng, model.device)
         colour = torch.tensor([[0 if c is None else 1 + COLOURS.index(c[0]) for c in g] for g in grids])
         shape = torch.tensor([[0 if c is None else 1 + SHAPES.index(c[1]) for c in g] for g in grids])
         return px, colour.to(model.device), shape.to(model.device)
@@ -187,13 +204,10 @@ def init_projector_whitened(model, *, seed: int, n_images: int = 256, out_scale:
     """
     import numpy as np
 
-    from .tasks import _random_grid, draw_grid
-
     rng = np.random.default_rng([seed, 9])
-    px = torch.cat([TaskRequest("grid", "", "", draw_grid(g, rng), g).image_input().pixel_values
-                    for g in (_random_grid(rng, int(rng.integers(0, 7))) for _ in range(n_images))])
+    px = _grid_pixels(_random_grids(rng, n_images), rng, model.device)
     with torch.autocast(model.device.type, enabled=False):
-        feats = model.model.vision_tower(px.to(model.device)).flatten(0, 1).float()
+        feats = model.model.vision_tower(px).flatten(0, 1).float()
     mean, spread = feats.mean(0), feats.std(0) + 1e-3
     first, second = model.model.mm_projector[0], model.model.mm_projector[2]
     gen = torch.Generator().manual_seed(seed)
@@ -208,29 +222,30 @@ def init_projector_whitened(model, *, seed: int, n_images: int = 256, out_scale:
 
 def align_projector_to_words(model, tok: EmbeddedTokenizer, *, steps: int, seed: int, batch_size: int = 64,
                              lr: float = 3e-3) -> float:
-    """Fit the projector (tower frozen) so that each pooled cell token is the sum of the word
-    embeddings of its colour, shape, row and column ("nothing" twice for an empty cell), the
-    way LLaVA's first stage aligns image features with the LLM's embedding space. Returns the
-    last batch's mean squared error per token."""
+    """Fit the projector so that each pooled cell token is the sum of the word embeddings of
+    its colour, shape, row and column ("nothing" twice for an empty cell), the way LLaVA's
+    first stage aligns image features with the LLM's embedding space. Freezes the tower (its
+    parameters stop requiring grad). Returns the last batch's mean squared error per token."""
     import numpy as np
 
-    from .tasks import COLS, MAX_SHAPES, ROWS, _random_grid, draw_grid
+    from .tasks import COLOURS, COLS, ROWS, SHAPES
 
+    for p in model.model.vision_tower.parameters():
+        p.requires_grad_(False)
     rng = np.random.default_rng([seed, 10])
     proj = model.model.mm_projector
     opt = torch.optim.Adam(proj.parameters(), lr=lr)
-    word = {w: tok.encode(w)[0] for w in ["nothing", *ROWS, *COLS]}
+    word = {w: tok.encode(w)[0] for w in ["nothing", *COLOURS, *SHAPES, *ROWS, *COLS]}
     loss = torch.zeros(())
     for _ in range(steps):
-        grids = [_random_grid(rng, int(rng.integers(0, MAX_SHAPES + 1))) for _ in range(batch_size)]
-        px = torch.cat([TaskRequest("grid", "", "", draw_grid(g, rng), g).image_input().pixel_values
-                        for g in grids]).to(model.device)
+        grids = list(_random_grids(rng, batch_size))
+        px = _grid_pixels(grids, rng, model.device)
         ids = []
         for g in grids:
             for idx, cell in enumerate(g):
                 r, c = divmod(idx, 3)
                 what = ["nothing", "nothing"] if cell is None else list(cell)
-                ids.append([word[w] if w in word else tok.encode(w)[0] for w in what] + [word[ROWS[r]], word[COLS[c]]])
+                ids.append([word[w] for w in (*what, ROWS[r], COLS[c])])
         with torch.no_grad():
             target = model.embed(torch.tensor(ids, device=model.device)).sum(1).view(batch_size, 9, -1)
         with torch.autocast(model.device.type, enabled=False):
@@ -527,8 +542,6 @@ def main(argv=None) -> dict:
         vision_stage = pretrain_vision_tower(model, steps=args.vision_steps, seed=args.seed)
         init_projector_whitened(model, seed=args.seed)
         if args.align_steps > 0:
-            for p in model.model.vision_tower.parameters():
-                p.requires_grad_(False)
             vision_stage["align_mse"] = align_projector_to_words(model, tok, steps=args.align_steps, seed=args.seed)
         print(f"vision stage ({args.vision_steps} steps): held-out cell accuracy {vision_stage}", flush=True)
     frozen = args.vision_steps > 0 and not args.train_vision
