@@ -27,8 +27,10 @@ first trains the SigLIP tower alone to name each pooled cell's colour, shape and
 projector for it (:func:`init_projector_whitened`), keeps the tower frozen during the SFT
 (``--train-vision`` keeps training it) and computes the image tokens in fp32; ``--align-steps``
 then fits the projector so that a cell token is the sum of its words' embeddings
-(:func:`align_projector_to_words`); ``--drill p``
-draws part of each batch as reading drills (list every cell's colour or shape).
+(:func:`align_projector_to_words`) and ``--freeze-projector`` keeps it so during the SFT (a
+trained projector lets the image tokens grow to hundreds of times a word's norm); ``--drill p``
+draws part of each batch as reading drills (list every cell's colour or shape). A later phase
+started with ``--init-from`` from such a run keeps its tower frozen and its fp32 image path.
 
 Determinism: the data stream, the masks and the initialisation come from ``--seed``, the thread
 count is fixed (``--threads``, 2), and the run length is a number of optimizer steps:
@@ -500,7 +502,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--align-steps", type=int, default=0,
                    help="after the vision stage, fit the projector to word-embedding sums (align_projector_to_words)")
     p.add_argument("--train-vision", action="store_true",
-                   help="keep training the tower during SFT (default: frozen after its stage 0)")
+                   help="keep training the tower during SFT (default: frozen after its stage 0, also in "
+                        "later phases started with --init-from from such a run)")
+    p.add_argument("--freeze-projector", action="store_true",
+                   help="keep the projector as initialised or aligned (--align-steps) during SFT: image tokens stay "
+                        "at the word embeddings' scale instead of growing hundreds of times larger")
     p.add_argument("--window-cut", type=float, default=0.0,
                    help="probability of training a sample on a window cut after its answer (Seer-robustness)")
     p.add_argument("--save-dtype", choices=["float16", "float32"], default="float16")
@@ -544,9 +550,18 @@ def main(argv=None) -> dict:
         if args.align_steps > 0:
             vision_stage["align_mse"] = align_projector_to_words(model, tok, steps=args.align_steps, seed=args.seed)
         print(f"vision stage ({args.vision_steps} steps): held-out cell accuracy {vision_stage}", flush=True)
-    frozen = args.vision_steps > 0 and not args.train_vision
+    previous_log = None
+    if args.init_from is not None and (Path(args.init_from) / "train_log.json").is_file():
+        with open(Path(args.init_from) / "train_log.json") as f:
+            previous_log = json.load(f)
+    # a later phase of a run that had the vision stage keeps its frozen tower and fp32 image path
+    vision_staged = args.vision_steps > 0 or bool(
+        previous_log and previous_log.get("vision_staged", previous_log.get("vision_stage") is not None))
+    frozen = vision_staged and not args.train_vision
     for p in model.model.vision_tower.parameters():
         p.requires_grad_(not frozen)
+    for p in model.model.mm_projector.parameters():
+        p.requires_grad_(not args.freeze_projector)
     model.train()
     n_params = sum(p.numel() for p in model.parameters())
 
@@ -568,13 +583,13 @@ def main(argv=None) -> dict:
            "init_from": None if args.init_from is None else str(args.init_from),
            "args": {k: str(v) for k, v in vars(args).items()},
            "parameters": n_params, "window": RESPONSE_WINDOW, "vision_stage": vision_stage,
-           "vision_tower_frozen": frozen,
+           "vision_staged": vision_staged, "vision_tower_frozen": frozen,
+           "projector_frozen": args.freeze_projector,
            "machine": f"{platform.machine()} {platform.processor()} {torch.get_num_threads()} threads, "
                       f"device {device}", "torch": torch.__version__,
            "loss_curve": [], "eval_curve": []}
-    if args.init_from is not None and (Path(args.init_from) / "train_log.json").is_file():
-        with open(Path(args.init_from) / "train_log.json") as f:
-            log["previous_phase"] = json.load(f)
+    if previous_log is not None:
+        log["previous_phase"] = previous_log
     print(f"embedded demo model: {n_params:,} parameters, {steps} steps of batch {args.batch_size}, "
           f"window {RESPONSE_WINDOW}, device {device}", flush=True)
     start = time.perf_counter()
@@ -588,7 +603,7 @@ def main(argv=None) -> dict:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16 and device.type == "cpu"):
             loss = training_loss(model, tok, reqs, mask_gen, window=RESPONSE_WINDOW, eps=1e-3,
                                  prefix_lm_fraction=args.prefix_lm_fraction, window_cut=args.window_cut,
-                                 vision_fp32=args.vision_steps > 0)
+                                 vision_fp32=vision_staged)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
