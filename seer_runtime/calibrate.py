@@ -203,7 +203,8 @@ def main(args) -> int:
         emb = svc.embedded()
         model, _ = emb.load_embedded()
         requests, gen = emb.calibration_requests(args.data, n=args.requests, model=model)
-    out = calibrate(model, requests, gen, lam=args.lam, progress=True, plot=args.plot, rank_by=args.rank_by)
+    out = calibrate(model, requests, gen, lam=args.lam, progress=True, plot=args.plot, rank_by=args.rank_by,
+                    guard_mode=args.guard_mode)
     cfg = out.pop("config")
     cfg.to_json(args.out, calibration=out)
     print(f"wrote {args.out}: {json.dumps({k: v for k, v in cfg.__dict__.items()})}")
@@ -212,7 +213,7 @@ def main(args) -> int:
 
 def calibrate(model, requests: list[Request], gen: GenerationConfig, *, lam: float = 0.1, progress: bool = False,
               verify_top: int = 4, batch_size: int = 16, layers: list[int] | None = None, plot: str | None = None,
-              rank_by: str = "tokens", log=print) -> dict:
+              rank_by: str = "tokens", guard_mode: str = "extend", log=print) -> dict:
     """Choose a :class:`SeerConfig` for ``model`` on ``requests`` (see the module docstring).
 
     rank_by: the speed-up inside the measured U: ``"tokens"`` (baseline over Seer tokens
@@ -220,11 +221,17 @@ def calibrate(model, requests: list[Request], gen: GenerationConfig, *, lam: flo
     one after the other varied too much to rank configurations: the same eos_prob config
     measured x1.48 here and x2.81 interleaved in the demo). Both are recorded.
 
+    guard_mode: the over-truncation guard of every verified candidate and of the choice
+    (``"extend"``, the default, or ``"redecode"``: a guarded request is decoded again on the full
+    window, so it ends as the baseline's answer; the simulated costs assume ``"extend"``).
+
     Returns a dict with ``config`` (the choice), the clarity table, the simulated and verified
     candidates and the baseline figures.
     """
     if rank_by not in ("tokens", "wall"):
         raise ValueError(f"rank_by must be 'tokens' or 'wall', got {rank_by!r}")
+    if guard_mode not in ("extend", "redecode"):
+        raise ValueError(f"guard_mode must be 'extend' or 'redecode', got {guard_mode!r}")
     from tqdm.auto import tqdm
 
     n_layers = model.num_layers
@@ -314,7 +321,7 @@ def calibrate(model, requests: list[Request], gen: GenerationConfig, *, lam: flo
                       "ideal_speedup": nan, "mae": nan, "exact_end": nan})
     verified = []
     for s in to_verify:
-        c = s["config"]
+        c = replace(s["config"], guard_mode=guard_mode)
         bar = tqdm(total=len(requests), desc=f"verify {c.probe}", disable=not progress, file=sys.stderr)
         res = run_requests(model, requests, gen, seer=c, batch_size=batch_size, progress=bar)
         bar.close()

@@ -135,6 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--requests", type=int, default=None, help="use only the first N requests of the data")
     p.add_argument("--lam", type=float, default=0.1, help="lambda of U = accuracy ratio + lambda log(speed-up)")
     p.add_argument("--plot", default=None, help="write the per-layer step-0 sparsity profiles (PNG) to this path")
+    p.add_argument("--guard-mode", default="extend", choices=["extend", "redecode"],
+                   help="the over-truncation guard written into the choice: extend the window with masks "
+                        "(cheaper) or decode the request again on the full window (answers equal the baseline's)")
     p.add_argument("--rank-by", default="tokens", choices=["tokens", "wall"],
                    help="speed-up inside U: tokens-computed ratio (deterministic) or wall clock")
     p.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"])

@@ -79,10 +79,10 @@ def test_calibrate_a_checkpoint_from_jsonl(tmp_path, capsys):
     data.write_text("\n".join(json.dumps({"question": f"w{i} w{i + 1} w{i + 2}"}) for i in range(6)) + "\n")
     out = tmp_path / "seer.json"
     rc = main(["calibrate", "--model", str(ckpt), "--data", str(data), "--out", str(out), "--gen-length", "8",
-               "--steps", "8", "--block-length", "8"])
+               "--steps", "8", "--block-length", "8", "--guard-mode", "redecode"])
     assert rc == 0, capsys.readouterr().err
     cfg = SeerConfig.from_json(out)
-    assert 0 <= cfg.probe_layer < 2
+    assert 0 <= cfg.probe_layer < 2 and cfg.guard_mode == "redecode"
     rc = main(["generate", "--model", str(ckpt), "--prompt", "w1", "--gen-length", "8", "--seer", str(out)])
     assert rc == 0
     data.write_text("{\"prompt\": \"w1\"}\n")
