@@ -15,22 +15,23 @@ Recipe (LLaDA SFT, ``reference/MODELS.md`` §1.7; LaViDa §4.4-4.5):
   to the prompt; response rows to everything), ``--prefix-lm-fraction`` (0.5) of the samples,
   because inference uses LaViDa's prefix K/V cache (the prompt computed once, seeing itself).
 
-The shipped weights come from five phases, each starting from the previous one's weights:
-``make train-demo-model`` runs them (the commands, curves and held-out figures are in
-``bench/RESULTS.md``; ``train_log.json`` records the last phase). ``--image-focus`` draws part
-of each batch from the image families only; ``--window-cut`` trains part of the samples on a
-window cut after their answer, so that the model answers the same in a window Seer shortened.
+The shipped weights come from two phases, the second starting from the first one's weights:
+``make train-demo-model`` runs them and calibrates Seer for the result (the commands, curves
+and held-out figures are in ``bench/RESULTS.md``; ``train_log.json`` records the last phase and,
+under ``previous_phase``, the first). ``--image-focus`` draws part of each batch from the image
+families only; ``--window-cut`` trains part of the samples on a window cut after their answer,
+so that the model answers the same in a window Seer shortened.
 
-Opt-in, not in the shipped recipe (measured in ``bench/RESULTS.md``): ``--vision-steps N``
-first trains the SigLIP tower alone to name each pooled cell's colour, shape and place
-(:func:`pretrain_vision_tower`; LaViDa starts from a pretrained SigLIP), re-initialises the
-projector for it (:func:`init_projector_whitened`), keeps the tower frozen during the SFT
-(``--train-vision`` keeps training it) and computes the image tokens in fp32; ``--align-steps``
-then fits the projector so that a cell token is the sum of its words' embeddings
-(:func:`align_projector_to_words`) and ``--freeze-projector`` keeps it so during the SFT (a
-trained projector lets the image tokens grow to hundreds of times a word's norm); ``--drill p``
-draws part of each batch as reading drills (list every cell's colour or shape). A later phase
-started with ``--init-from`` from such a run keeps its tower frozen and its fp32 image path.
+The vision stage (phase 1): ``--vision-steps N`` first trains the SigLIP tower alone to name
+each pooled cell's colour, shape and place (:func:`pretrain_vision_tower`; LaViDa starts from a
+pretrained SigLIP), re-initialises the projector for it (:func:`init_projector_whitened`), keeps
+the tower frozen during the SFT (``--train-vision`` keeps training it) and computes the image
+tokens in fp32; ``--align-steps`` then fits the projector so that a cell token is the sum of its
+words' embeddings (:func:`align_projector_to_words`) and ``--freeze-projector`` keeps it so
+during the SFT (a trained projector lets the image tokens grow to hundreds of times a word's
+norm); ``--drill p`` draws part of each batch as reading drills (list every cell's colour or
+shape). A later phase started with ``--init-from`` from such a run keeps its tower frozen and its
+fp32 image path.
 
 Determinism: the data stream, the masks and the initialisation come from ``--seed``, the thread
 count is fixed (``--threads``, 2), and the run length is a number of optimizer steps:
