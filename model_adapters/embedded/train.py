@@ -499,7 +499,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="fraction of each batch drawn as reading drills (tasks.make_drill; training only)")
     p.add_argument("--vision-steps", type=int, default=0,
                    help="stage-0 steps of the vision tower alone, then a refit projector and a frozen tower "
-                        "(fresh models only; 0: none, the shipped recipe)")
+                        "(fresh models only, not with --init-from; 0: none)")
     p.add_argument("--align-steps", type=int, default=0,
                    help="after the vision stage, fit the projector to word-embedding sums (align_projector_to_words)")
     p.add_argument("--train-vision", action="store_true",
@@ -530,6 +530,11 @@ def main(argv=None) -> dict:
     stop_at = steps if args.stop_at is None else args.stop_at
     if not 1 <= stop_at <= steps:
         raise ValueError(f"--stop-at must be in [1, --steps={steps}], got {args.stop_at}")
+    if args.vision_steps > 0 and args.init_from is not None:
+        raise ValueError("--vision-steps starts a fresh model: it cannot be combined with --init-from "
+                         "(a later phase inherits the frozen tower from the first phase's train_log.json)")
+    if args.align_steps > 0 and args.vision_steps == 0:
+        raise ValueError("--align-steps needs --vision-steps (the alignment follows the vision stage)")
 
     tok = EmbeddedTokenizer(build_tokenizer())
     cfg = model_config(tok, d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
@@ -545,7 +550,7 @@ def main(argv=None) -> dict:
         model = build_model(cfg, device=device)
         init_weights(model, args.layers, torch.Generator().manual_seed(args.seed))
     vision_stage = None
-    if args.init_from is None and args.vision_steps > 0:
+    if args.vision_steps > 0:
         vision_stage = pretrain_vision_tower(model, steps=args.vision_steps, seed=args.seed)
         init_projector_whitened(model, seed=args.seed)
         if args.align_steps > 0:

@@ -173,15 +173,15 @@ def test_vision_stage_learns_cells_and_projector_init_is_centred():
 def test_later_phase_keeps_the_frozen_tower_and_projector(tmp_path):
     """A run with the vision stage and ``--freeze-projector`` trains the backbone only; a later
     phase started from it with ``--init-from`` keeps the tower frozen (inherited from the first
-    phase's log) and, with ``--freeze-projector`` again, the projector too."""
+    phase's log) and, with ``--freeze-projector`` again, the projector too. A vision stage on top
+    of ``--init-from``, or an alignment without the vision stage, is refused."""
     from safetensors.torch import load_file
 
     from model_adapters.embedded.train import main
 
     tiny = ["--d-model", "32", "--layers", "1", "--heads", "2", "--mlp", "32", "--vision-hidden", "16",
             "--batch-size", "4", "--eval-every", "2", "--eval-requests", "2", "--final-eval-requests", "2",
-            "--save-dtype", "float32",
-            "--no-bf16", "--device", "cpu"]
+            "--save-dtype", "float32", "--no-bf16", "--device", "cpu"]
     first, second = tmp_path / "phase1", tmp_path / "phase2"
     log1 = main([*tiny, "--steps", "2", "--vision-steps", "2", "--align-steps", "2", "--freeze-projector",
                  "--out", str(first)])
@@ -193,6 +193,10 @@ def test_later_phase_keeps_the_frozen_tower_and_projector(tmp_path):
     image_path = [k for k in a if "vision_tower" in k or "mm_projector" in k]
     assert image_path and all(torch.equal(a[k], b[k]) for k in image_path)
     assert any(not torch.equal(a[k], b[k]) for k in a if k not in image_path)
+    with pytest.raises(ValueError, match="--vision-steps"):
+        main([*tiny, "--steps", "2", "--vision-steps", "2", "--init-from", str(first), "--out", str(tmp_path / "x")])
+    with pytest.raises(ValueError, match="--align-steps"):
+        main([*tiny, "--steps", "2", "--align-steps", "2", "--out", str(tmp_path / "y")])
 
 
 def test_heldout_requests_decode_correctly(shipped):
