@@ -6,7 +6,9 @@ per step, one block; the smoke run with ``--benchmark-disable`` uses prompt 16, 
 Configurations, timed in alternation (these machines are noisy):
 
 * baseline - the plain engine;
-* DyLLM defaults - tau 0.99, 4 warm-up steps, prompt fed every 4th step;
+* DyLLM defaults - tau 0.99, 4 warm-up steps, prompt fed every 4th step, the paper's partial
+  attention (``C_cache + P[:, A] @ dV`` for the rows outside the gating set);
+* DyLLM exact attention - the same with exact attention for every fed row;
 * DyLLM prompt every step - the saliency gating alone (no response-only steps);
 * DyLLM tau 1.01 - every row salient: the cost of the sparse machinery when nothing is skipped.
 
@@ -46,6 +48,7 @@ MID = dict(d_model=1024, n_heads=16, n_kv_heads=16, n_layers=4, mlp_hidden_size=
 CONFIGS = [
     ("baseline", None),
     ("DyLLM defaults", DyLLMConfig()),
+    ("DyLLM exact attention", DyLLMConfig(approx_attention=False)),
     ("DyLLM prompt every step", DyLLMConfig(prompt_period=1)),
     ("DyLLM tau 1.01 (all salient)", DyLLMConfig(tau=1.01, prompt_period=1)),
 ]
@@ -117,3 +120,4 @@ def test_dyllm_vs_baseline_cpu(benchmark, mid_model, cpu_threads):
     # every row salient: the sparse steps compute what dense steps compute (same tokens)
     assert torch.equal(outs["DyLLM tau 1.01 (all salient)"].responses, base.responses)
     assert results["DyLLM defaults"]["ideal_layers"] > 1.0
+    assert results["DyLLM exact attention"]["ideal_layers"] > 1.0

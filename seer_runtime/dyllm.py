@@ -11,8 +11,9 @@ The algorithm (per request, per layer ``l``, per denoising step ``t``):
   positions committed in the previous step (every fed position when ``tau > 1``), at
   ``l > 0`` the set found at ``l - 1``. K/V are projected only for the rows in ``A`` and
   merged into the cache (``dV = V_new[A] - V_old[A]``); Q for every fed row. Query rows in
-  ``A`` get exact attention; the others ``C = C_cache + P[:, A] @ dV`` with ``P`` the exact
-  softmax over **all** keys (``seer_kernels.partial_attention``). The new salient set is
+  ``A`` get exact attention; the others (``approx_attention=True``, the paper's and the
+  default) ``C = C_cache + P[:, A] @ dV`` with ``P`` the exact softmax over **all** keys
+  (``seer_kernels.partial_attention``), or exact attention too (``approx_attention=False``). The new salient set is
   ``A' = {i : cos(C_i, C_cache_i) < tau}`` (strict, ``seer_kernels.cosine_saliency``). The
   output projection and the residual run for every fed row; the FFN (ffn_norm, gate/up,
   down) only for the rows in ``A'`` (gathered with ``gather_rows``), the other rows add their
@@ -20,11 +21,11 @@ The algorithm (per request, per layer ``l``, per denoising step ``t``):
   the new outputs (``scatter_rows``). ``A'`` gates layer ``l + 1``.
 
 What is exact and what is approximated: a warm-up step is the baseline. In a sparse step
-the K/V of rows outside ``A`` are the cached ones (computed from an older hidden state), the
-context of non-salient query rows ignores the change of their attention weights (``dS ~ 0``),
-and rows outside ``A'`` reuse an older FFN output. With ``tau > 1`` every row is salient at
-every layer (the initial set included), so a sparse step computes exactly what a dense step
-computes (up to the summation order of the attention reference) and, with
+the K/V of rows outside ``A`` are the cached ones (computed from an older hidden state), with
+``approx_attention=True`` the context of non-salient query rows ignores the change of their
+attention weights (``dS ~ 0``), and rows outside ``A'`` reuse an older FFN output. With
+``tau > 1`` every row is salient at every layer (the initial set included), so a sparse step
+computes exactly what a dense step computes (up to the summation order of the attention reference) and, with
 ``prompt_period = 1``, the output equals the baseline token for token.
 
 Response-only steps (no prefix cache): on sparse steps with ``t % prompt_period != 0`` only
@@ -33,8 +34,8 @@ rows keep their cached C and FFN output, so their hidden states - in particular 
 state of the last prompt position, which the Dream family reads to predict window position
 0 - are those of the last step that fed them (kept in a small cache). Every
 ``prompt_period``-th step the prompt rows are fed too, still saliency-gated (the gating set
-of layer 0 holds only the window's committed positions, so prompt rows get approximate
-attention and recompute their FFN only when their context moved). There is never a full
+of layer 0 holds only the window's committed positions, so prompt rows keep their cached K/V
+at layer 0 and recompute their FFN only when their context moved). There is never a full
 recompute after warm-up.
 
 Composition. The prefix KV cache (LaViDa): the prompt is never fed, its K/V come from the
@@ -48,6 +49,21 @@ packs its real rows back to back (left padding of the prompt and dead window pos
 request's own window length are excluded from the queries and from the keys) with index maps
 built once per forward.
 
+The paper's partial attention (``approx_attention=True``, the default) and exact attention
+for every fed query row (``approx_attention=False``) are both first-class: the partial
+attention saves only the ``P @ V`` half of the non-salient rows' attention (``QK^T`` over
+every key is needed for the softmax normaliser either way), which at LLaDA-8B shapes
+(d_model 4096, FFN 12288, 10% salient rows) is 2% (300 keys) to 9% (1200 keys) of a sparse
+step's multiply-accumulates, but its error feeds the saliency test downstream. Which is
+better depends on the checkpoint: on the embedded demo model the partial attention changes
+92 of 288 held-out answers (exact match 0.583 vs the baseline's 0.819; exact attention: 13
+change, 0.830, and a higher ideal FLOP ratio, x2.59 vs x2.51), while on a random-weight
+mid-size model exact attention marks far more rows salient (ideal x3.25 vs x4.85). So, as
+for Seer, a checkpoint gets its own choice: :func:`seer_runtime.calibrate_dyllm.calibrate_dyllm`
+(``seer calibrate-dyllm``) measures tau and the attention mode on requests with their
+baseline answers and writes the cheapest configuration that keeps the accuracy within a
+tolerance; the embedded model ships its choice (``model_adapters/embedded/dyllm_config.json``).
+
 Choices where the papers are silent (ours, documented here):
 
 * The step index ``t`` of the warm-up and period rules is the engine's step (steps are
@@ -59,8 +75,6 @@ Choices where the papers are silent (ours, documented here):
   previous forward (DyLLM's code: the last decoded positions), never the prompt.
 * The C cache is overwritten with the new context of every fed row (exact or approximated),
   as DyLLM's code does: the test compares consecutive steps, not a row's last salient step.
-* ``approx_attention=False`` gives every fed query row exact attention (the paper's
-  "salient FFN only" ablation); K/V are still recomputed only for the gating set.
 * Classifier-free guidance is not supported (``cfg_scale`` must be 0).
 * K/V are projected for the gating set only when the block exposes ``project_q`` and
   ``project_kv``; blocks that expose only ``project_qkv`` project K/V for every fed row and
@@ -101,7 +115,9 @@ class DyLLMConfig:
     full_steps: warm-up steps computed in full (>= 1: the caches must be filled first).
     prompt_period: without a prefix cache, the prompt is fed on steps ``t`` with
         ``t % prompt_period == 0`` and only the window on the others (1: always fed).
-    approx_attention: False gives every query row exact attention (ablation).
+    approx_attention: True (the paper's, the default) approximates the rows outside the gating
+        set by ``C_cache + P[:, A] @ dV``; False gives every fed query row exact attention
+        (see the module docstring; ``seer calibrate-dyllm`` chooses per checkpoint).
     """
 
     tau: float | None = None
@@ -145,13 +161,17 @@ class DyLLMConfig:
     def to_dict(self) -> dict:
         return asdict(self)
 
-    def to_json(self, path: str | Path) -> None:
+    def to_json(self, path: str | Path, **extra) -> None:
+        """Write the fields (and ``extra`` keys beside them, e.g. ``calibration=``) as JSON."""
         with open(path, "w") as f:
-            json.dump(self.to_dict(), f, indent=2)
+            json.dump({**self.to_dict(), **extra}, f, indent=2)
 
     @classmethod
     def from_dict(cls, data: dict) -> DyLLMConfig:
+        """The fields of ``data``; a ``calibration`` record (``seer calibrate-dyllm``) is skipped,
+        any other unknown key is an error."""
         known = {f.name for f in fields(cls)}
+        data = {k: v for k, v in data.items() if k != "calibration"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown DyLLMConfig fields: {unknown}")
