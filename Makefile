@@ -32,7 +32,8 @@ lint: $(STAMP)
 # while the backbone learns the tasks (with reading drills, extra image questions and half the
 # windows cut after their answer); phase 2 restarts at a lower learning rate with more image
 # questions and 70% of the windows cut, so the model answers the same in a window Seer has
-# shortened. Writes model_adapters/embedded/, then calibrates Seer for it (seer_config.json).
+# shortened. Writes model_adapters/embedded/, then calibrates Seer (seer_config.json) and DyLLM
+# (dyllm_config.json) for it.
 EMB := $(PY) -m model_adapters.embedded.train --threads 2
 
 train-demo-model: $(STAMP)
@@ -41,6 +42,7 @@ train-demo-model: $(STAMP)
 	$(EMB) --steps 1500 --seed 5 --no-bf16 --lr 4e-4 --warmup 50 --image-focus 0.35 --window-cut 0.7 \
 		--freeze-projector --eval-every 500 --init-from build/embedded-phase1
 	$(VENV)/bin/seer calibrate --guard-mode redecode --out model_adapters/embedded/seer_config.json
+	$(VENV)/bin/seer calibrate-dyllm --out model_adapters/embedded/dyllm_config.json
 
 gpu-check: $(STAMP)
 	bash bench/gpu_check.sh

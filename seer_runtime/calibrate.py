@@ -183,7 +183,10 @@ def read_requests_jsonl(path, *, encode_prompt, encode_answer, load_image, limit
     return requests
 
 
-def main(args) -> int:
+def load_calibration_inputs(args):
+    """(model, requests, generation config) from the calibrate commands' options: ``--model``
+    with ``--data`` (a real checkpoint, its tokenizer and generation options), or the embedded
+    model with its calibration split (or ``--data``)."""
     from .cli import generation_config, model_services
 
     svc = model_services()
@@ -203,6 +206,11 @@ def main(args) -> int:
         emb = svc.embedded()
         model, _ = emb.load_embedded()
         requests, gen = emb.calibration_requests(args.data, n=args.requests, model=model)
+    return model, requests, gen
+
+
+def main(args) -> int:
+    model, requests, gen = load_calibration_inputs(args)
     out = calibrate(model, requests, gen, lam=args.lam, progress=True, plot=args.plot, rank_by=args.rank_by,
                     guard_mode=args.guard_mode)
     cfg = out.pop("config")

@@ -1,4 +1,4 @@
-"""The ``seer`` command line: ``seer generate``, ``seer demo``, ``seer calibrate``.
+"""The ``seer`` command line: ``seer generate``, ``seer demo``, ``seer calibrate``, ``seer calibrate-dyllm``.
 
 Model loading, tokenizers and images come from the model layer through the ``seer.models``
 entry point (``model_adapters.services``); this module only parses options and prints.
@@ -38,7 +38,9 @@ def _add_generation_options(p: argparse.ArgumentParser, *, with_policies: bool =
     if not with_policies:
         return
     g.add_argument("--seer", default=None, help="a SeerConfig JSON file (from `seer calibrate`) to cut the window")
-    g.add_argument("--dyllm", default=None, help="a DyLLMConfig JSON file, or 'default'")
+    g.add_argument("--dyllm", default=None,
+                   help="a DyLLMConfig JSON file (from `seer calibrate-dyllm`), or 'default' (the paper's: the "
+                        "family's tau, 4 warm-up steps, prompt every 4th step, partial attention)")
 
 
 def generation_config(args):
@@ -103,6 +105,12 @@ def cmd_calibrate(args) -> int:
     return calibrate_main(args)
 
 
+def cmd_calibrate_dyllm(args) -> int:
+    from .calibrate_dyllm import main as calibrate_dyllm_main
+
+    return calibrate_dyllm_main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="seer", description="Fast inference for diffusion LLMs and diffusion MLLMs.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -144,6 +152,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu")
     _add_generation_options(p, with_policies=False)
     p.set_defaults(func=cmd_calibrate)
+
+    p = sub.add_parser("calibrate-dyllm", help="choose DyLLM's tau and attention mode for a checkpoint")
+    p.add_argument("--model", default=None,
+                   help="a local checkpoint with its tokenizer.json (default: the embedded model); needs --data")
+    p.add_argument("--data", default=None, help="JSONL requests, as for `seer calibrate`")
+    p.add_argument("--out", default="dyllm_config.json",
+                   help="where to write the chosen DyLLMConfig (JSON accepted by `generate --dyllm`)")
+    p.add_argument("--requests", type=int, default=None, help="use only the first N requests of the data")
+    p.add_argument("--max-drop", type=float, default=0.01,
+                   help="largest exact-match loss against the baseline a choice may have (0.01 = one point)")
+    p.add_argument("--full-steps", type=int, default=4, help="warm-up steps of every candidate")
+    p.add_argument("--prompt-period", type=int, default=4, help="prompt fed every N-th step in every candidate")
+    p.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"])
+    p.add_argument("--device", default="cpu")
+    _add_generation_options(p, with_policies=False)
+    p.set_defaults(func=cmd_calibrate_dyllm)
     return parser
 
 

@@ -20,6 +20,7 @@ from .tasks import make_requests
 
 CALIBRATION_SEED = 2_000_029
 SEER_CONFIG_FILE = EMBEDDED_DIR / "seer_config.json"
+DYLLM_CONFIG_FILE = EMBEDDED_DIR / "dyllm_config.json"
 
 
 def demo_generation_config():
@@ -96,3 +97,12 @@ def default_seer_config():
     if not SEER_CONFIG_FILE.is_file():
         raise FileNotFoundError(f"{SEER_CONFIG_FILE} is missing: run `seer calibrate --out {SEER_CONFIG_FILE}`")
     return SeerConfig.from_json(SEER_CONFIG_FILE)
+
+
+def default_dyllm_config():
+    """The DyLLM configuration chosen by ``seer calibrate-dyllm`` for the shipped weights."""
+    from seer_runtime.dyllm import DyLLMConfig
+
+    if not DYLLM_CONFIG_FILE.is_file():
+        raise FileNotFoundError(f"{DYLLM_CONFIG_FILE} is missing: run `seer calibrate-dyllm --out {DYLLM_CONFIG_FILE}`")
+    return DyLLMConfig.from_json(DYLLM_CONFIG_FILE)

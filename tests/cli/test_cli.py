@@ -58,6 +58,23 @@ def test_generate_with_a_seer_config_and_bad_options(tmp_path, capsys):
     assert rc == 2 and "has no tokenizer.json" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("choice", ["default", "file"])
+def test_generate_with_dyllm(tmp_path, capsys, choice):
+    write_checkpoint(tmp_path)
+    if choice == "file":  # as `seer calibrate-dyllm` writes it: the fields and a calibration record
+        (tmp_path / "dyllm.json").write_text(json.dumps({"tau": 0.98, "full_steps": 2, "approx_attention": False,
+                                                         "calibration": {"requests": 3}}))
+        choice = str(tmp_path / "dyllm.json")
+    rc = main(["generate", "--model", str(tmp_path), "--prompt", "w1 w2", "--gen-length", "8", "--dyllm", choice])
+    err = capsys.readouterr().err
+    assert rc == 0
+    line = next(x for x in err.splitlines() if x.startswith("[stats] dyllm:"))
+    if choice == "default":
+        assert "'tau': 0.99" in line and "'approx_attention': True" in line and "'full_steps': 4" in line
+    else:
+        assert "'tau': 0.98" in line and "'approx_attention': False" in line and "'full_steps': 2" in line
+
+
 def test_generate_with_an_image_on_a_lavida_checkpoint(tmp_path, capsys):
     from PIL import Image
 
@@ -90,3 +107,28 @@ def test_calibrate_a_checkpoint_from_jsonl(tmp_path, capsys):
     assert rc == 2 and "needs a 'question' string" in capsys.readouterr().err
     rc = main(["calibrate", "--model", str(ckpt), "--out", str(out)])
     assert rc == 2 and "--model needs --data" in capsys.readouterr().err
+
+
+def test_calibrate_dyllm_a_checkpoint_from_jsonl(tmp_path, capsys):
+    """``seer calibrate-dyllm --model DIR --data FILE`` measures every candidate against the
+    baseline's answers and writes a DyLLMConfig that ``generate --dyllm`` accepts."""
+    from seer_runtime.dyllm import DyLLMConfig
+
+    ckpt = tmp_path / "ckpt"
+    write_checkpoint(ckpt)
+    data = tmp_path / "requests.jsonl"
+    data.write_text("\n".join(json.dumps({"question": f"w{i} w{i + 1} w{i + 2}"}) for i in range(4)) + "\n")
+    out = tmp_path / "dyllm.json"
+    rc = main(["calibrate-dyllm", "--model", str(ckpt), "--data", str(data), "--out", str(out), "--gen-length", "8",
+               "--full-steps", "2", "--max-drop", "0.25"])
+    assert rc == 0, capsys.readouterr().err
+    cfg = DyLLMConfig.from_json(out)
+    assert cfg.full_steps == 2 and cfg.prompt_period == 4
+    record = json.loads(out.read_text())["calibration"]
+    assert record["requests"] == 4 and record["max_drop"] == 0.25
+    assert len(record["candidates"]) == 8  # 4 taus (0.99 among them) x 2 attention modes
+    assert cfg.to_dict() in [c["config"] for c in record["candidates"]]
+    rc = main(["generate", "--model", str(ckpt), "--prompt", "w1", "--gen-length", "8", "--dyllm", str(out)])
+    assert rc == 0
+    rc = main(["calibrate-dyllm", "--model", str(ckpt), "--data", str(data), "--max-drop", "1.5"])
+    assert rc == 2 and "max_drop must be a number in [0, 1)" in capsys.readouterr().err

@@ -257,6 +257,21 @@ def test_shipped_seer_config_and_demo_json(tmp_path):
         assert probe["recovered"] + probe["lost_answers"] == probe["over_truncated"]
 
 
+def test_shipped_dyllm_config_is_the_calibrated_choice():
+    """``seer calibrate-dyllm`` wrote the shipped DyLLMConfig with every candidate's figures; the
+    choice is the cheapest candidate within its tolerance of the baseline (checked from the record)."""
+    from model_adapters.embedded.serving import DYLLM_CONFIG_FILE, default_dyllm_config
+    from seer_runtime.calibrate_dyllm import choose
+    from seer_runtime.dyllm import DyLLMConfig
+
+    cfg = default_dyllm_config()
+    record = json.loads(DYLLM_CONFIG_FILE.read_text())["calibration"]
+    cands = [{**c, "config": DyLLMConfig.from_dict(c["config"])} for c in record["candidates"]]
+    best, within = choose(cands, record["baseline"]["exact_match"], record["max_drop"])
+    assert cfg == best["config"] and within == record["within_tolerance"]
+    assert {(c["config"].tau, c["config"].approx_attention) for c in cands} >= {(0.99, True), (0.99, False)}
+
+
 def test_calibration_jsonl_round_trips(tmp_path):
     """The JSONL ``seer calibrate --data`` reads (questions, PNG images beside the file, answers)
     gives back the calibration split's requests."""

@@ -1,0 +1,138 @@
+"""Calibrate DyLLM for a checkpoint: its saliency threshold and its attention mode.
+
+DyLLM's paper fixes tau per model family (0.99 LLaDA, 0.995 Dream; its sweeps span
+0.98-0.9975) and approximates the attention of the rows outside the gating set by
+``C_cache + P[:, A] @ dV``. What either costs in accuracy depends on the checkpoint (see
+``seer_runtime.dyllm``: on the embedded demo model the partial attention changes a third of
+the answers, exact attention almost none). So, as ``seer calibrate`` does for Seer, this
+measures the choice on requests with their baseline answers:
+
+1. decode the baseline (the references are the given answers; without them the baseline's own
+   answers, so accuracy is agreement with the baseline);
+2. decode every candidate: tau in :data:`TAU_GRID` plus the family default, each with the
+   paper's partial attention and with exact attention (warm-up and prompt period as given,
+   the paper's 4 and 4 by default);
+3. keep the candidates whose exact match is at most ``max_drop`` below the baseline's and
+   choose the one with the highest ideal speed-up (dense over DyLLM multiply-accumulates, from
+   the measured salient fractions: deterministic, unlike the wall clock of a shared CPU); ties
+   go to the more accurate, then to the paper's settings. When no candidate qualifies, the
+   most accurate one is chosen and the result says so (``within_tolerance: false``).
+
+The choice is written as a :class:`~seer_runtime.dyllm.DyLLMConfig` JSON, with every
+candidate's measurements beside it under ``calibration``; ``generate(..., dyllm=...)``
+(``DyLLMConfig.from_json``) and ``seer generate --dyllm FILE`` accept it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+
+from .config import GenerationConfig
+from .dyllm import DyLLMConfig
+from .evaluate import Request, run_requests
+
+#: the taus tried besides the family default (the paper's sweep range)
+TAU_GRID = (0.98, 0.99, 0.995, 0.9975)
+
+
+def ideal_speedup(dyllm_stats: list[dict]) -> float:
+    """Dense over DyLLM multiply-accumulates summed over the batches of a run (``RunResult.dyllm``)."""
+    dense = sum(r["dense_macs"] for d in dyllm_stats for r in d["steps"])
+    sparse = sum(r["macs"] for d in dyllm_stats for r in d["steps"])
+    return dense / sparse if sparse else 1.0
+
+
+def choose(candidates: list[dict], baseline_accuracy: float, max_drop: float) -> tuple[dict, bool]:
+    """The chosen candidate and whether it is within the tolerance (see the module docstring).
+
+    candidates: dicts with ``accuracy``, ``ideal_speedup`` and ``config`` (a DyLLMConfig);
+    candidates earlier in the list win exact ties (list the paper's settings first).
+    """
+    if not candidates:
+        raise ValueError("candidates is empty")
+    order = {id(c): i for i, c in enumerate(candidates)}
+    ok = [c for c in candidates if c["accuracy"] >= baseline_accuracy - max_drop - 1e-12]
+    if ok:
+        return max(ok, key=lambda c: (c["ideal_speedup"], c["accuracy"], -order[id(c)])), True
+    return max(candidates, key=lambda c: (c["accuracy"], c["ideal_speedup"], -order[id(c)])), False
+
+
+def calibrate_dyllm(model, requests: list[Request], gen: GenerationConfig, *, max_drop: float = 0.01,
+                    taus: tuple[float, ...] | None = None, full_steps: int = 4, prompt_period: int = 4,
+                    batch_size: int = 16, progress: bool = False, log=print) -> dict:
+    """Choose a :class:`DyLLMConfig` for ``model`` on ``requests`` (see the module docstring).
+
+    max_drop: the largest exact-match loss against the baseline a candidate may have (absolute,
+    in [0, 1); 0.01 = one point). taus: the grid (default :data:`TAU_GRID`; the family default
+    is always added). Returns a dict with ``config`` (the choice), ``within_tolerance``, the
+    baseline's figures and every candidate's (accuracy, answers changed, ideal speed-up,
+    salient fraction, wall seconds).
+    """
+    if isinstance(max_drop, bool) or not isinstance(max_drop, (int, float)) or not 0 <= max_drop < 1:
+        raise ValueError(f"max_drop must be a number in [0, 1), got {max_drop!r}")
+    if not requests:
+        raise ValueError("requests is empty")
+    from tqdm.auto import tqdm
+
+    t0 = time.perf_counter()
+    default = DyLLMConfig.for_model(model, full_steps=full_steps, prompt_period=prompt_period)
+    grid = sorted(set(taus if taus is not None else TAU_GRID) | {default.tau})
+    bar = tqdm(total=len(requests), desc="baseline", disable=not progress, file=sys.stderr)
+    base = run_requests(model, requests, gen, batch_size=batch_size, progress=bar)
+    bar.close()
+    base_acc = base.exact_match(requests)
+    if math.isnan(base_acc):  # no references: agreement with the baseline is the accuracy
+        for r, a in zip(requests, base.answers):
+            r.truth_ids = list(a)
+        base_acc = 1.0
+    log(f"baseline: exact match {base_acc:.3f}, {base.tok_per_s:.1f} tok/s, {base.wall_s:.1f}s")
+
+    configs = [default] + [default.replace(tau=t, approx_attention=a) for a in (True, False) for t in grid]
+    seen, candidates = set(), []
+    for cfg in configs:
+        if cfg in seen:
+            continue
+        seen.add(cfg)
+        mode = "partial" if cfg.approx_attention else "exact"
+        bar = tqdm(total=len(requests), desc=f"tau {cfg.tau} {mode}", disable=not progress, file=sys.stderr)
+        res = run_requests(model, requests, gen, batch_size=batch_size, dyllm=cfg, progress=bar)
+        bar.close()
+        fed = sum(sum(r["fed"] for r in d["steps"] if r["mode"] != "full") for d in res.dyllm) * model.num_layers
+        computed = sum(sum(sum(r["ffn_computed"]) for r in d["steps"] if r["mode"] != "full") for d in res.dyllm)
+        cand = {"config": cfg, "accuracy": res.exact_match(requests),
+                "changed": sum(a != b for a, b in zip(res.answers, base.answers)),
+                "ideal_speedup": ideal_speedup(res.dyllm), "salient_fraction": computed / fed if fed else None,
+                "wall_s": res.wall_s}
+        candidates.append(cand)
+        log(f"  tau {cfg.tau:<6} {mode:7s}: exact match {cand['accuracy']:.3f} ({cand['changed']} answers changed), "
+            f"ideal x{cand['ideal_speedup']:.2f}")
+    best, within = choose(candidates, base_acc, max_drop)
+    note = "" if within else f" - no candidate within {max_drop} of the baseline: the most accurate"
+    log(f"chosen: tau {best['config'].tau}, {'partial' if best['config'].approx_attention else 'exact'} attention "
+        f"(exact match {best['accuracy']:.3f} vs {base_acc:.3f}, ideal x{best['ideal_speedup']:.2f}){note}")
+    return {
+        "config": best["config"],
+        "within_tolerance": within,
+        "max_drop": max_drop,
+        "requests": len(requests),
+        "baseline": {"exact_match": base_acc, "tok_per_s": base.tok_per_s, "wall_s": base.wall_s},
+        "candidates": [{**{k: v for k, v in c.items() if k != "config"}, "config": c["config"].to_dict()}
+                       for c in candidates],
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+def main(args) -> int:
+    """``seer calibrate-dyllm``: the requests as ``seer calibrate`` reads them, the choice to ``--out``."""
+    from .calibrate import load_calibration_inputs
+
+    model, requests, gen = load_calibration_inputs(args)
+    out = calibrate_dyllm(model, requests, gen, max_drop=args.max_drop, full_steps=args.full_steps,
+                          prompt_period=args.prompt_period, progress=True)
+    cfg = out.pop("config")
+    cfg.to_json(args.out, calibration=out)
+    print(f"wrote {args.out}: {json.dumps(cfg.to_dict())}")
+    return 0
