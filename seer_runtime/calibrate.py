@@ -254,9 +254,8 @@ def calibrate(model, requests: list[Request], gen: GenerationConfig, *, lam: flo
     bar.close()
     true_end = [e if e >= 0 else W for e in base.end_positions]
     base_acc = base.exact_match(requests)
-    if math.isnan(base_acc):  # no references: agreement with the baseline is the accuracy
-        for r, a in zip(requests, base.answers):
-            r.truth_ids = list(a)
+    if math.isnan(base_acc):  # no references: agreement with the baseline is the accuracy (on copies)
+        requests = [replace(r, truth_ids=list(a)) for r, a in zip(requests, base.answers)]
         base_acc = 1.0
     log(f"baseline: exact match {base_acc:.3f}, {base.tok_per_s:.1f} tok/s, {base.wall_s:.1f}s")
 

@@ -7,8 +7,9 @@ DyLLM's paper fixes tau per model family (0.99 LLaDA, 0.995 Dream; its sweeps sp
 the answers, exact attention almost none). So, as ``seer calibrate`` does for Seer, this
 measures the choice on requests with their baseline answers:
 
-1. decode the baseline (the references are the given answers; without them the baseline's own
-   answers, so accuracy is agreement with the baseline);
+1. decode the baseline (the references are the given answers; a request without one is
+   scored against the baseline's own answer, so accuracy is then agreement with the baseline;
+   the caller's requests are not modified);
 2. decode every candidate: tau in :data:`TAU_GRID` plus the family default, each with the
    paper's partial attention and with exact attention (warm-up and prompt period as given,
    the paper's 4 and 4 by default);
@@ -29,6 +30,7 @@ import json
 import math
 import sys
 import time
+from dataclasses import replace
 
 from .config import GenerationConfig
 from .dyllm import DyLLMConfig
@@ -36,6 +38,11 @@ from .evaluate import Request, run_requests
 
 #: the taus tried besides the family default (the paper's sweep range)
 TAU_GRID = (0.98, 0.99, 0.995, 0.9975)
+
+
+def check_max_drop(max_drop) -> None:
+    if isinstance(max_drop, bool) or not isinstance(max_drop, (int, float)) or not 0 <= max_drop < 1:
+        raise ValueError(f"max_drop must be a number in [0, 1), got {max_drop!r}")
 
 
 def ideal_speedup(dyllm_stats: list[dict]) -> float:
@@ -71,26 +78,30 @@ def calibrate_dyllm(model, requests: list[Request], gen: GenerationConfig, *, ma
     baseline's figures and every candidate's (accuracy, answers changed, ideal speed-up,
     salient fraction, wall seconds).
     """
-    if isinstance(max_drop, bool) or not isinstance(max_drop, (int, float)) or not 0 <= max_drop < 1:
-        raise ValueError(f"max_drop must be a number in [0, 1), got {max_drop!r}")
+    check_max_drop(max_drop)
     if not requests:
         raise ValueError("requests is empty")
     from tqdm.auto import tqdm
 
     t0 = time.perf_counter()
+    # every candidate is built (and validated) before anything is decoded
     default = DyLLMConfig.for_model(model, full_steps=full_steps, prompt_period=prompt_period)
-    grid = sorted(set(taus if taus is not None else TAU_GRID) | {default.tau})
+    taus = TAU_GRID if taus is None else tuple(taus)
+    for t in taus:
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
+            raise ValueError(f"taus must hold finite numbers > 0 (cosine-similarity thresholds), got {t!r}")
+    grid = sorted({float(t) for t in taus} | {default.tau})
+    configs = [default] + [default.replace(tau=t, approx_attention=a) for a in (True, False) for t in grid]
+
     bar = tqdm(total=len(requests), desc="baseline", disable=not progress, file=sys.stderr)
     base = run_requests(model, requests, gen, batch_size=batch_size, progress=bar)
     bar.close()
+    # a request without a reference is scored against the baseline's answer (on copies)
+    requests = [r if r.truth_ids is not None else replace(r, truth_ids=list(a))
+                for r, a in zip(requests, base.answers)]
     base_acc = base.exact_match(requests)
-    if math.isnan(base_acc):  # no references: agreement with the baseline is the accuracy
-        for r, a in zip(requests, base.answers):
-            r.truth_ids = list(a)
-        base_acc = 1.0
     log(f"baseline: exact match {base_acc:.3f}, {base.tok_per_s:.1f} tok/s, {base.wall_s:.1f}s")
 
-    configs = [default] + [default.replace(tau=t, approx_attention=a) for a in (True, False) for t in grid]
     seen, candidates = set(), []
     for cfg in configs:
         if cfg in seen:
@@ -129,10 +140,16 @@ def main(args) -> int:
     """``seer calibrate-dyllm``: the requests as ``seer calibrate`` reads them, the choice to ``--out``."""
     from .calibrate import load_calibration_inputs
 
+    check_max_drop(args.max_drop)  # before the model is loaded
+    DyLLMConfig(full_steps=args.full_steps, prompt_period=args.prompt_period)
     model, requests, gen = load_calibration_inputs(args)
     out = calibrate_dyllm(model, requests, gen, max_drop=args.max_drop, full_steps=args.full_steps,
                           prompt_period=args.prompt_period, progress=True)
     cfg = out.pop("config")
     cfg.to_json(args.out, calibration=out)
     print(f"wrote {args.out}: {json.dumps(cfg.to_dict())}")
+    if not out["within_tolerance"]:
+        print(f"seer calibrate-dyllm: no candidate kept the exact match within {args.max_drop} of the "
+              f"baseline; {args.out} holds the most accurate one", file=sys.stderr)
+        return 1
     return 0

@@ -163,6 +163,9 @@ class DyLLMConfig:
 
     def to_json(self, path: str | Path, **extra) -> None:
         """Write the fields (and ``extra`` keys beside them, e.g. ``calibration=``) as JSON."""
+        clash = sorted(set(extra) & {f.name for f in fields(self)})
+        if clash:
+            raise ValueError(f"extra keys {clash} would overwrite DyLLMConfig fields; use replace() instead")
         with open(path, "w") as f:
             json.dump({**self.to_dict(), **extra}, f, indent=2)
 
@@ -170,6 +173,8 @@ class DyLLMConfig:
     def from_dict(cls, data: dict) -> DyLLMConfig:
         """The fields of ``data``; a ``calibration`` record (``seer calibrate-dyllm``) is skipped,
         any other unknown key is an error."""
+        if not isinstance(data, dict):
+            raise TypeError(f"a DyLLMConfig must be read from a JSON object, got {type(data).__name__}")
         known = {f.name for f in fields(cls)}
         data = {k: v for k, v in data.items() if k != "calibration"}
         unknown = sorted(set(data) - known)

@@ -120,15 +120,21 @@ def test_calibrate_dyllm_a_checkpoint_from_jsonl(tmp_path, capsys):
     data.write_text("\n".join(json.dumps({"question": f"w{i} w{i + 1} w{i + 2}"}) for i in range(4)) + "\n")
     out = tmp_path / "dyllm.json"
     rc = main(["calibrate-dyllm", "--model", str(ckpt), "--data", str(data), "--out", str(out), "--gen-length", "8",
-               "--full-steps", "2", "--max-drop", "0.25"])
+               "--full-steps", "2", "--max-drop", "0.5"])
     assert rc == 0, capsys.readouterr().err
     cfg = DyLLMConfig.from_json(out)
     assert cfg.full_steps == 2 and cfg.prompt_period == 4
     record = json.loads(out.read_text())["calibration"]
-    assert record["requests"] == 4 and record["max_drop"] == 0.25
+    assert record["requests"] == 4 and record["max_drop"] == 0.5 and record["within_tolerance"]
     assert len(record["candidates"]) == 8  # 4 taus (0.99 among them) x 2 attention modes
     assert cfg.to_dict() in [c["config"] for c in record["candidates"]]
     rc = main(["generate", "--model", str(ckpt), "--prompt", "w1", "--gen-length", "8", "--dyllm", str(out)])
     assert rc == 0
+    # this random tiny model changes two of four answers with every candidate: none within 0.25,
+    # the most accurate is written and the command says so with a non-zero status
+    rc = main(["calibrate-dyllm", "--model", str(ckpt), "--data", str(data), "--out", str(out), "--gen-length", "8",
+               "--full-steps", "2", "--max-drop", "0.25"])
+    assert rc == 1 and "no candidate kept the exact match within 0.25" in capsys.readouterr().err
+    assert json.loads(out.read_text())["calibration"]["within_tolerance"] is False
     rc = main(["calibrate-dyllm", "--model", str(ckpt), "--data", str(data), "--max-drop", "1.5"])
     assert rc == 2 and "max_drop must be a number in [0, 1)" in capsys.readouterr().err

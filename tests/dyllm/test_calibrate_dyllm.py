@@ -67,7 +67,20 @@ def test_calibrate_on_a_tiny_model(kind, tmp_path):
     chosen.to_json(tmp_path / "d.json", calibration={k: v for k, v in out.items() if k != "config"})
     assert DyLLMConfig.from_json(tmp_path / "d.json") == chosen
     assert json.loads((tmp_path / "d.json").read_text())["calibration"]["requests"] == 3
+    assert all(r.truth_ids is None for r in requests)  # the caller's requests are not modified
+    for c in out["candidates"]:
+        assert 0 < c["salient_fraction"] <= 1
     with pytest.raises(ValueError, match="max_drop"):
         calibrate_dyllm(model, requests, gen, max_drop=-0.1)
     with pytest.raises(ValueError, match="requests is empty"):
         calibrate_dyllm(model, [], gen)
+    for bad in ((0.99, float("nan")), (0.0,), ("0.9",)):
+        with pytest.raises(ValueError, match="taus must hold finite numbers > 0"):
+            calibrate_dyllm(model, requests, gen, taus=bad)
+
+
+def test_config_json_errors(tmp_path):
+    with pytest.raises(TypeError, match="must be read from a JSON object"):
+        DyLLMConfig.from_dict([1])
+    with pytest.raises(ValueError, match=r"extra keys \['tau'\] would overwrite"):
+        DyLLMConfig().to_json(tmp_path / "d.json", tau=0.5)

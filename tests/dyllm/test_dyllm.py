@@ -224,7 +224,7 @@ def test_sparse_layer_matches_a_per_request_oracle(kind, period, approx, monkeyp
             skipped += len(sim) - len(sal)
         approximated += qrow.numel() - n_in
     assert skipped > 0  # the FFN reuse did run
-    assert approximated > 0  # rows outside the gating set (approximated by the paper's attention)
+    assert approximated > 0  # query rows outside the gating set ran (partial attention when approx)
 
 
 @pytest.mark.interpreter
@@ -258,6 +258,7 @@ def test_defaults_finish_with_savings(kind):
     assert st["tau"] == cfg.tau and st["forwards"]["full"] == 4
     sparse = sparse_records(out)
     assert len(sparse) == len(st["steps"]) - 4 > 0
+    # some sparse forward skips rows (on these random tiny models a forward may find every row salient)
     assert st["salient_fraction"] < 1 and any(min(r["salient_fraction"]) < 1 for r in sparse)
     assert 0 < st["ideal_flop_ratio"] < 1 and st["ffn_skipped"] > 0
     assert st["approx_attention"] is True and st["attn_approx"] > 0  # the paper's partial attention
