@@ -85,15 +85,20 @@ def test_generate_with_an_image_on_a_lavida_checkpoint(tmp_path, capsys):
     assert rc == 0 and "[stats] NFE 5" in capsys.readouterr().err  # prefill + 4 steps (prefix cache)
 
 
+def checkpoint_and_requests(tmp_path, n):
+    """A tiny checkpoint and a JSONL of ``n`` questions without answers, for the calibrate commands."""
+    ckpt, data = tmp_path / "ckpt", tmp_path / "requests.jsonl"
+    write_checkpoint(ckpt)
+    data.write_text("\n".join(json.dumps({"question": f"w{i} w{i + 1} w{i + 2}"}) for i in range(n)) + "\n")
+    return ckpt, data
+
+
 def test_calibrate_a_checkpoint_from_jsonl(tmp_path, capsys):
     """``seer calibrate --model DIR --data FILE`` uses the checkpoint's own tokenizer and the
     generation options given, and writes a SeerConfig that ``generate --seer`` accepts."""
     from seer_runtime.seer import SeerConfig
 
-    ckpt = tmp_path / "ckpt"
-    write_checkpoint(ckpt)
-    data = tmp_path / "requests.jsonl"
-    data.write_text("\n".join(json.dumps({"question": f"w{i} w{i + 1} w{i + 2}"}) for i in range(6)) + "\n")
+    ckpt, data = checkpoint_and_requests(tmp_path, 6)
     out = tmp_path / "seer.json"
     rc = main(["calibrate", "--model", str(ckpt), "--data", str(data), "--out", str(out), "--gen-length", "8",
                "--steps", "8", "--block-length", "8", "--guard-mode", "redecode"])
@@ -114,10 +119,7 @@ def test_calibrate_dyllm_a_checkpoint_from_jsonl(tmp_path, capsys):
     baseline's answers and writes a DyLLMConfig that ``generate --dyllm`` accepts."""
     from seer_runtime.dyllm import DyLLMConfig
 
-    ckpt = tmp_path / "ckpt"
-    write_checkpoint(ckpt)
-    data = tmp_path / "requests.jsonl"
-    data.write_text("\n".join(json.dumps({"question": f"w{i} w{i + 1} w{i + 2}"}) for i in range(4)) + "\n")
+    ckpt, data = checkpoint_and_requests(tmp_path, 4)
     out = tmp_path / "dyllm.json"
     rc = main(["calibrate-dyllm", "--model", str(ckpt), "--data", str(data), "--out", str(out), "--gen-length", "8",
                "--full-steps", "2", "--max-drop", "0.5"])
