@@ -54,9 +54,11 @@ def calibration_requests(data: str | Path | None = None, n: int | None = None, m
     seed disjoint from training and from the demo's held-out split.
     """
 
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise ValueError(f"requests must be an int >= 1, got {n!r}")
     tokenizer = tokenizer or EmbeddedTokenizer()
     if data is None:
-        tasks = make_requests(n or 128, "heldout", seed=CALIBRATION_SEED)
+        tasks = make_requests(128 if n is None else n, "heldout", seed=CALIBRATION_SEED)
         return to_requests(tasks, tokenizer), demo_generation_config()
     from PIL import Image
 

@@ -290,3 +290,6 @@ def test_calibration_jsonl_round_trips(tmp_path):
     (tmp_path / "bad.jsonl").write_text("[1, 2]\n")
     with pytest.raises(ValueError, match="needs a 'question' string"):
         calibration_requests(tmp_path / "bad.jsonl")
+    for bad in (0, -3, 2.5):  # --requests 0 used to mean the default 128
+        with pytest.raises(ValueError, match="requests must be an int >= 1"):
+            calibration_requests(None, n=bad)
