@@ -219,6 +219,11 @@ class _Forward:
     gate: torch.Tensor | None = None  # int64 ascending packed query rows: the current gating set
     nq_r: torch.Tensor | None = None  # float64 [R] real fed rows per request
     nk_r: torch.Tensor | None = None  # float64 [R] keys per request
+    # exact attention on the torch path: packed rows laid out padded per request
+    q_pad: torch.Tensor | None = None  # int64 [R, max_q] packed query row (0 where padding)
+    q_pad_mask: torch.Tensor | None = None  # bool [R, max_q]
+    k_pad: torch.Tensor | None = None  # int64 [R, max_k] packed key row (0 where padding)
+    k_pad_mask: torch.Tensor | None = None  # bool [R, max_k]
     record: dict = field(default_factory=dict)
 
 
@@ -431,6 +436,11 @@ class DyLLMPolicy:
         fw.max_q, fw.max_k = int(nq_r.max()), int(nk_r.max())
         fw.tk = int(cu_k[-1])
         fw.nq_r, fw.nk_r = nq_r.double(), nk_r.double()
+        if not self.dyllm.approx_attention:
+            aq, ak = torch.arange(fw.max_q, device=dev), torch.arange(fw.max_k, device=dev)
+            fw.q_pad_mask, fw.k_pad_mask = aq[None] < nq_r[:, None], ak[None] < nk_r[:, None]
+            fw.q_pad = torch.where(fw.q_pad_mask, cu_q[:-1, None] + aq[None], 0)
+            fw.k_pad = torch.where(fw.k_pad_mask, cu_k[:-1, None] + ak[None], 0)
         fw.cos, fw.sin = self.model.rope(layout.positions.reshape(-1)[q_src])
         # layer 0's gating set: the positions committed since the request's previous forward
         if self.tau > 1:
@@ -489,10 +499,11 @@ class DyLLMPolicy:
         if self.dyllm.approx_attention:
             exact = torch.zeros(tq, dtype=torch.bool, device=self.device)
             exact[gate] = True
+            ctx = partial_attention(q, keys, values, ctx_old.view(tq, heads, d), dv, fw.cu_q, fw.cu_k, fw.max_q,
+                                    fw.max_k, exact, fw.q_pk.index_select(0, gate).to(torch.int32), n_a)
         else:
             exact = torch.ones(tq, dtype=torch.bool, device=self.device)
-        ctx = partial_attention(q, keys, values, ctx_old.view(tq, heads, d), dv, fw.cu_q, fw.cu_k, fw.max_q,
-                                fw.max_k, exact, fw.q_pk.index_select(0, gate).to(torch.int32), n_a)
+            ctx = self._dy_exact_attention(q, keys, values, fw)
         ctx = ctx.reshape(tq, heads * d)
         index, count, _ = cosine_saliency(ctx, ctx_old, self.tau)
         n_b = int(count)
@@ -509,6 +520,25 @@ class DyLLMPolicy:
         self._dy_account(fw, gate, sal, exact)
         fw.gate = sal
         return out
+
+    @staticmethod
+    def _dy_exact_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, fw: _Forward) -> torch.Tensor:
+        """Exact attention of every packed query row ``[Tq, H, d]`` over its request's packed keys.
+
+        Where the kernels run (CUDA, or the interpreter): ``seer_kernels.varlen_attention``. On
+        the torch path: one padded ``scaled_dot_product_attention`` over the forward's requests
+        (fp32, as the kernels' references compute), instead of a loop over the requests.
+        """
+        from seer_kernels import use_triton, varlen_attention
+
+        if use_triton(q):
+            return varlen_attention(q, keys, values, fw.cu_q, fw.cu_k, fw.max_q, fw.max_k)
+        qp = q.float()[fw.q_pad].transpose(1, 2)  # [R, H, max_q, d]
+        kp = keys.float()[fw.k_pad].transpose(1, 2)  # [R, Hk, max_k, d]
+        vp = values.float()[fw.k_pad].transpose(1, 2)
+        out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=fw.k_pad_mask[:, None, None, :],
+                                             enable_gqa=kp.shape[1] != qp.shape[1])
+        return out.transpose(1, 2)[fw.q_pad_mask].to(q.dtype)
 
     # -- statistics ----------------------------------------------------------------------------
     def _dense_macs(self, rows: list[int]) -> float:

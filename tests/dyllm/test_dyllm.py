@@ -228,14 +228,17 @@ def test_sparse_layer_matches_a_per_request_oracle(kind, period, approx, monkeyp
 
 
 @pytest.mark.interpreter
-@pytest.mark.parametrize("kind", ["llada-8b-instruct", "lavida-dream"])
-def test_triton_kernels_in_the_interpreter_agree_with_the_references(kind):
-    """The Triton path of every DyLLM op (as on a GPU) with this policy's shapes, strides and index maps."""
+@pytest.mark.parametrize("kind,approx", [("llada-8b-instruct", True), ("lavida-dream", True),
+                                         ("dream-v0-instruct-7b", False)])
+def test_triton_kernels_in_the_interpreter_agree_with_the_references(kind, approx):
+    """The Triton path of every DyLLM op (as on a GPU) with this policy's shapes, strides and index maps
+    (exact attention: the varlen kernel against the padded torch attention)."""
     from seer_kernels import kernel_backend
 
     model = tiny(kind)
     ids, mask = torch.tensor([[251, 5, 6, 7], [8, 9, 10, 11]]), torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
-    gen, cfg = gen_for(model, length=6 if model.family == "dream" else 8), DyLLMConfig(full_steps=1, prompt_period=2)
+    gen = gen_for(model, length=6 if model.family == "dream" else 8)
+    cfg = DyLLMConfig(full_steps=1, prompt_period=2, approx_attention=approx)
     ref = generate(model, ids, attention_mask=mask, gen=gen, dyllm=cfg)
     with kernel_backend("triton"):
         tri = generate(model, ids, attention_mask=mask, gen=gen, dyllm=cfg)
