@@ -219,7 +219,7 @@ class _Forward:
     gate: torch.Tensor | None = None  # int64 ascending packed query rows: the current gating set
     nq_r: torch.Tensor | None = None  # float64 [R] real fed rows per request
     nk_r: torch.Tensor | None = None  # float64 [R] keys per request
-    # exact attention on the torch path: packed rows laid out padded per request
+    # the torch attention path: packed rows laid out padded per request
     q_pad: torch.Tensor | None = None  # int64 [R, max_q] packed query row (0 where padding)
     q_pad_mask: torch.Tensor | None = None  # bool [R, max_q]
     k_pad: torch.Tensor | None = None  # int64 [R, max_k] packed key row (0 where padding)
@@ -436,11 +436,11 @@ class DyLLMPolicy:
         fw.max_q, fw.max_k = int(nq_r.max()), int(nk_r.max())
         fw.tk = int(cu_k[-1])
         fw.nq_r, fw.nk_r = nq_r.double(), nk_r.double()
-        if not self.dyllm.approx_attention:
-            aq, ak = torch.arange(fw.max_q, device=dev), torch.arange(fw.max_k, device=dev)
-            fw.q_pad_mask, fw.k_pad_mask = aq[None] < nq_r[:, None], ak[None] < nk_r[:, None]
-            fw.q_pad = torch.where(fw.q_pad_mask, cu_q[:-1, None] + aq[None], 0)
-            fw.k_pad = torch.where(fw.k_pad_mask, cu_k[:-1, None] + ak[None], 0)
+        # the padded maps of the torch attention path (built once per forward)
+        aq, ak = torch.arange(fw.max_q, device=dev), torch.arange(fw.max_k, device=dev)
+        fw.q_pad_mask, fw.k_pad_mask = aq[None] < nq_r[:, None], ak[None] < nk_r[:, None]
+        fw.q_pad = torch.where(fw.q_pad_mask, cu_q[:-1, None] + aq[None], 0)
+        fw.k_pad = torch.where(fw.k_pad_mask, cu_k[:-1, None] + ak[None], 0)
         fw.cos, fw.sin = self.model.rope(layout.positions.reshape(-1)[q_src])
         # layer 0's gating set: the positions committed since the request's previous forward
         if self.tau > 1:
@@ -464,7 +464,14 @@ class DyLLMPolicy:
         return out
 
     def _dy_sparse_layer(self, i, hidden, prefix: PrefixKV | None, fw: _Forward):
-        from seer_kernels import cosine_saliency, gather_rows, partial_attention, scatter_rows
+        from seer_kernels import (
+            cosine_saliency,
+            gather_rows,
+            partial_attention,
+            scatter_rows,
+            use_triton,
+            varlen_attention,
+        )
 
         blk = self.model.block(i)
         R, lq, D = hidden.shape
@@ -499,11 +506,18 @@ class DyLLMPolicy:
         if self.dyllm.approx_attention:
             exact = torch.zeros(tq, dtype=torch.bool, device=self.device)
             exact[gate] = True
-            ctx = partial_attention(q, keys, values, ctx_old.view(tq, heads, d), dv, fw.cu_q, fw.cu_k, fw.max_q,
-                                    fw.max_k, exact, fw.q_pk.index_select(0, gate).to(torch.int32), n_a)
+            key_rows = fw.q_pk.index_select(0, gate)
+            if use_triton(q):
+                ctx = partial_attention(q, keys, values, ctx_old.view(tq, heads, d), dv, fw.cu_q, fw.cu_k,
+                                        fw.max_q, fw.max_k, exact, key_rows.to(torch.int32), n_a)
+            else:
+                ctx = self._dy_padded_attention(q, keys, values, fw, ctx_old.view(tq, heads, d), dv, key_rows, exact)
         else:
             exact = torch.ones(tq, dtype=torch.bool, device=self.device)
-            ctx = self._dy_exact_attention(q, keys, values, fw)
+            if use_triton(q):
+                ctx = varlen_attention(q, keys, values, fw.cu_q, fw.cu_k, fw.max_q, fw.max_k)
+            else:
+                ctx = self._dy_padded_attention(q, keys, values, fw)
         ctx = ctx.reshape(tq, heads * d)
         index, count, _ = cosine_saliency(ctx, ctx_old, self.tau)
         n_b = int(count)
@@ -522,22 +536,37 @@ class DyLLMPolicy:
         return out
 
     @staticmethod
-    def _dy_exact_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, fw: _Forward) -> torch.Tensor:
-        """Exact attention of every packed query row ``[Tq, H, d]`` over its request's packed keys.
+    def _dy_padded_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, fw: _Forward,
+                             ctx_cache: torch.Tensor | None = None, dv: torch.Tensor | None = None,
+                             dv_key_rows: torch.Tensor | None = None,
+                             exact: torch.Tensor | None = None) -> torch.Tensor:
+        """The sparse step's attention on the torch path, all requests of the forward at once.
 
-        Where the kernels run (CUDA, or the interpreter): ``seer_kernels.varlen_attention``. On
-        the torch path: one padded ``scaled_dot_product_attention`` over the forward's requests
-        (fp32, as the kernels' references compute), instead of a loop over the requests.
+        q ``[Tq, H, d]`` packed queries; keys/values ``[Tk, Hk, d]`` packed per request. Without
+        ``ctx_cache``: exact attention for every row (one padded SDPA). With it (DyLLM's partial
+        attention, the math of ``seer_kernels.partial_attention_reference``): rows where
+        ``exact`` get ``P @ V``, the others ``ctx_cache + P[:, A] @ dV``, ``P`` the softmax over
+        all keys and ``dV [n_a, Hk, d]`` placed at the packed key rows ``dv_key_rows``. fp32, as
+        the kernels' references compute; the kernels themselves run where ``use_triton`` says.
         """
-        from seer_kernels import use_triton, varlen_attention
-
-        if use_triton(q):
-            return varlen_attention(q, keys, values, fw.cu_q, fw.cu_k, fw.max_q, fw.max_k)
         qp = q.float()[fw.q_pad].transpose(1, 2)  # [R, H, max_q, d]
         kp = keys.float()[fw.k_pad].transpose(1, 2)  # [R, Hk, max_k, d]
         vp = values.float()[fw.k_pad].transpose(1, 2)
-        out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=fw.k_pad_mask[:, None, None, :],
-                                             enable_gqa=kp.shape[1] != qp.shape[1])
+        key_mask = fw.k_pad_mask[:, None, None, :]
+        if ctx_cache is None:
+            out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=key_mask, enable_gqa=kp.shape[1] != qp.shape[1])
+            return out.transpose(1, 2)[fw.q_pad_mask].to(q.dtype)
+        group = qp.shape[1] // kp.shape[1]
+        dv_full = keys.new_zeros(keys.shape, dtype=torch.float32)
+        dv_full.index_copy_(0, dv_key_rows, dv.float())
+        dvp = dv_full[fw.k_pad].transpose(1, 2)
+        if group > 1:
+            kp, vp, dvp = (t.repeat_interleave(group, dim=1) for t in (kp, vp, dvp))
+        scores = (qp @ kp.transpose(-1, -2)) * qp.shape[-1] ** -0.5
+        probs = torch.softmax(scores.masked_fill(~key_mask, float("-inf")), dim=-1)
+        cache = ctx_cache.float()[fw.q_pad].transpose(1, 2)
+        exact_pad = exact[fw.q_pad] & fw.q_pad_mask
+        out = torch.where(exact_pad[:, None, :, None], probs @ vp, cache + probs @ dvp)
         return out.transpose(1, 2)[fw.q_pad_mask].to(q.dtype)
 
     # -- statistics ----------------------------------------------------------------------------

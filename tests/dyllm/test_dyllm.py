@@ -467,3 +467,48 @@ def test_bad_requests_name_the_argument():
         run.run_layer(0, hidden, layout, rope=model.rope(layout.positions), prefix=prefix, rows=[0], step=1,
                       taps=Taps(keep_kv=True))
     assert isinstance(layout, PaddedLayout)
+
+
+# ------------------------------------------------------------------------------------ torch attention path
+def _padded_forward(cu_q, cu_k):
+    from seer_runtime.dyllm import _Forward
+
+    cu_q, cu_k = torch.tensor(cu_q), torch.tensor(cu_k)
+    nq, nk = cu_q.diff(), cu_k.diff()
+    fw = _Forward(rows=list(range(len(nq))), idx=torch.arange(len(nq)), step=5, mode="response")
+    fw.cu_q, fw.cu_k = cu_q.to(torch.int32), cu_k.to(torch.int32)
+    fw.max_q, fw.max_k = int(nq.max()), int(nk.max())
+    aq, ak = torch.arange(fw.max_q), torch.arange(fw.max_k)
+    fw.q_pad_mask, fw.k_pad_mask = aq[None] < nq[:, None], ak[None] < nk[:, None]
+    fw.q_pad = torch.where(fw.q_pad_mask, cu_q[:-1, None] + aq[None], 0)
+    fw.k_pad = torch.where(fw.k_pad_mask, cu_k[:-1, None] + ak[None], 0)
+    return fw
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (4, 2)])
+@pytest.mark.parametrize("salient", ["none", "all", "one", "some"])
+def test_padded_attention_equals_the_kernel_references(heads, kv_heads, salient):
+    """The torch path of the sparse step (all requests padded at once) against the ops' references,
+    on ragged requests (one with no query rows), GQA, and no / every / one / some salient rows."""
+    from seer_kernels import partial_attention_reference, varlen_attention_reference
+
+    fw = _padded_forward([0, 3, 3, 10, 11], [0, 6, 9, 19, 21])
+    tq, tk, d = 11, 21, 8
+    g = torch.Generator().manual_seed(7)
+    q, ctx = torch.randn(tq, heads, d, generator=g), torch.randn(tq, heads, d, generator=g)
+    k, v = torch.randn(tk, kv_heads, d, generator=g), torch.randn(tk, kv_heads, d, generator=g)
+    exact = torch.zeros(tq, dtype=torch.bool)
+    gate = {"none": [], "all": list(range(tq)), "one": [4], "some": [0, 2, 5, 9, 10]}[salient]
+    exact[gate] = True
+    # each query row's own key: query i of request r is the last rows of its keys (prefix first)
+    own = torch.cat([fw.cu_k[r + 1] - (fw.cu_q[r + 1] - fw.cu_q[r]) + torch.arange(int(fw.cu_q[r + 1] - fw.cu_q[r]))
+                     for r in range(4)]).long()
+    key_rows = own[torch.tensor(gate, dtype=torch.long)]
+    dv = torch.randn(len(gate), kv_heads, d, generator=g)
+    got = DyLLMPolicy._dy_padded_attention(q, k, v, fw, ctx, dv, key_rows, exact)
+    want = partial_attention_reference(q, k, v, ctx, dv, fw.cu_q, fw.cu_k, fw.max_q, fw.max_k, exact,
+                                       key_rows.to(torch.int32), len(gate))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    got = DyLLMPolicy._dy_padded_attention(q, k, v, fw)
+    want = varlen_attention_reference(q, k, v, fw.cu_q, fw.cu_k, fw.max_q, fw.max_k)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
