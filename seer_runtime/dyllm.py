@@ -57,12 +57,17 @@ every key is needed for the softmax normaliser either way), which at LLaDA-8B sh
 step's multiply-accumulates, but its error feeds the saliency test downstream. Which is
 better depends on the checkpoint: on the embedded demo model the partial attention changes
 92 of 288 held-out answers (exact match 0.583 vs the baseline's 0.819; exact attention: 13
-change, 0.830, and a higher ideal FLOP ratio, x2.59 vs x2.51), while on a random-weight
+change, 0.830, and a higher ideal speed-up, x2.59 vs x2.51), while on a random-weight
 mid-size model exact attention marks far more rows salient (ideal x3.25 vs x4.85). So, as
 for Seer, a checkpoint gets its own choice: :func:`seer_runtime.calibrate_dyllm.calibrate_dyllm`
 (``seer calibrate-dyllm``) measures tau and the attention mode on requests with their
 baseline answers and writes the cheapest configuration that keeps the accuracy within a
 tolerance; the embedded model ships its choice (``model_adapters/embedded/dyllm_config.json``).
+
+Where the sparse step's attention runs: through ``seer_kernels.partial_attention`` (or
+``varlen_attention`` for exact attention) wherever ``seer_kernels.use_triton`` says (CUDA, the
+interpreter); otherwise as one padded torch computation over all requests of the forward, the
+same math as the ops' references without their loop over requests.
 
 Choices where the papers are silent (ours, documented here):
 
