@@ -231,6 +231,14 @@ class _Forward:
     k_pad_mask: torch.Tensor | None = None  # bool [R, max_k]
     record: dict = field(default_factory=dict)
 
+    def set_padded_maps(self, cu_q: torch.Tensor, cu_k: torch.Tensor) -> None:
+        """``q_pad``/``k_pad`` and their masks from the int64 prefix sums of each request's query
+        and key rows (``max_q``/``max_k`` set): row ``i`` of request ``r`` is packed row ``cu[r] + i``."""
+        aq, ak = torch.arange(self.max_q, device=cu_q.device), torch.arange(self.max_k, device=cu_k.device)
+        self.q_pad_mask, self.k_pad_mask = aq[None] < cu_q.diff()[:, None], ak[None] < cu_k.diff()[:, None]
+        self.q_pad = torch.where(self.q_pad_mask, cu_q[:-1, None] + aq[None], 0)
+        self.k_pad = torch.where(self.k_pad_mask, cu_k[:-1, None] + ak[None], 0)
+
 
 class DyLLMPolicy:
     """Mixed into ``DecodeRun`` (after ``SeerPolicy``): saliency-gated sparse steps.
@@ -441,11 +449,7 @@ class DyLLMPolicy:
         fw.max_q, fw.max_k = int(nq_r.max()), int(nk_r.max())
         fw.tk = int(cu_k[-1])
         fw.nq_r, fw.nk_r = nq_r.double(), nk_r.double()
-        # the padded maps of the torch attention path (built once per forward)
-        aq, ak = torch.arange(fw.max_q, device=dev), torch.arange(fw.max_k, device=dev)
-        fw.q_pad_mask, fw.k_pad_mask = aq[None] < nq_r[:, None], ak[None] < nk_r[:, None]
-        fw.q_pad = torch.where(fw.q_pad_mask, cu_q[:-1, None] + aq[None], 0)
-        fw.k_pad = torch.where(fw.k_pad_mask, cu_k[:-1, None] + ak[None], 0)
+        fw.set_padded_maps(cu_q, cu_k)  # the torch attention path's maps, once per forward
         fw.cos, fw.sin = self.model.rope(layout.positions.reshape(-1)[q_src])
         # layer 0's gating set: the positions committed since the request's previous forward
         if self.tau > 1:

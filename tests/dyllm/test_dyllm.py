@@ -478,10 +478,7 @@ def _padded_forward(cu_q, cu_k):
     fw = _Forward(rows=list(range(len(nq))), idx=torch.arange(len(nq)), step=5, mode="response")
     fw.cu_q, fw.cu_k = cu_q.to(torch.int32), cu_k.to(torch.int32)
     fw.max_q, fw.max_k = int(nq.max()), int(nk.max())
-    aq, ak = torch.arange(fw.max_q), torch.arange(fw.max_k)
-    fw.q_pad_mask, fw.k_pad_mask = aq[None] < nq[:, None], ak[None] < nk[:, None]
-    fw.q_pad = torch.where(fw.q_pad_mask, cu_q[:-1, None] + aq[None], 0)
-    fw.k_pad = torch.where(fw.k_pad_mask, cu_k[:-1, None] + ak[None], 0)
+    fw.set_padded_maps(cu_q, cu_k)
     return fw
 
 
