@@ -91,7 +91,9 @@ def calibrate_dyllm(model, requests: list[Request], gen: GenerationConfig, *, ma
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
             raise ValueError(f"taus must hold finite numbers > 0 (cosine-similarity thresholds), got {t!r}")
     grid = sorted({float(t) for t in taus} | {default.tau})
-    configs = [default] + [default.replace(tau=t, approx_attention=a) for a in (True, False) for t in grid]
+    # the paper's settings first (they win exact ties), each configuration once
+    configs = list(dict.fromkeys([default] + [default.replace(tau=t, approx_attention=a)
+                                              for a in (True, False) for t in grid]))
 
     bar = tqdm(total=len(requests), desc="baseline", disable=not progress, file=sys.stderr)
     base = run_requests(model, requests, gen, batch_size=batch_size, progress=bar)
@@ -102,11 +104,8 @@ def calibrate_dyllm(model, requests: list[Request], gen: GenerationConfig, *, ma
     base_acc = base.exact_match(requests)
     log(f"baseline: exact match {base_acc:.3f}, {base.tok_per_s:.1f} tok/s, {base.wall_s:.1f}s")
 
-    seen, candidates = set(), []
+    candidates = []
     for cfg in configs:
-        if cfg in seen:
-            continue
-        seen.add(cfg)
         mode = "partial" if cfg.approx_attention else "exact"
         bar = tqdm(total=len(requests), desc=f"tau {cfg.tau} {mode}", disable=not progress, file=sys.stderr)
         res = run_requests(model, requests, gen, batch_size=batch_size, dyllm=cfg, progress=bar)

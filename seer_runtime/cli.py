@@ -111,6 +111,19 @@ def cmd_calibrate_dyllm(args) -> int:
     return calibrate_dyllm_main(args)
 
 
+def _add_calibration_inputs(p: argparse.ArgumentParser) -> None:
+    """The options both calibrate commands read their requests with (``calibrate.load_calibration_inputs``)."""
+    p.add_argument("--model", default=None,
+                   help="a local checkpoint with its tokenizer.json (default: the embedded model); needs --data")
+    p.add_argument("--data", default=None,
+                   help="JSONL, one request per line: question, optional image (path relative to the file), "
+                        "optional answer (default: the embedded model's calibration split)")
+    p.add_argument("--requests", type=int, default=None, help="use only the first N requests of the data")
+    p.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"])
+    p.add_argument("--device", default="cpu")
+    _add_generation_options(p, with_policies=False)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="seer", description="Fast inference for diffusion LLMs and diffusion MLLMs.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -133,14 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("calibrate", help="choose Seer's probe layer, eps, tau_jump and gamma for a checkpoint")
-    p.add_argument("--model", default=None,
-                   help="a local checkpoint with its tokenizer.json (default: the embedded model); needs --data")
-    p.add_argument("--data", default=None,
-                   help="JSONL, one request per line: question, optional image (path relative to the file), "
-                        "optional answer (default: the embedded model's calibration split)")
+    _add_calibration_inputs(p)
     p.add_argument("--out", default="seer_config.json",
                    help="where to write the chosen SeerConfig (JSON accepted by `generate --seer` and the demo)")
-    p.add_argument("--requests", type=int, default=None, help="use only the first N requests of the data")
     p.add_argument("--lam", type=float, default=0.1, help="lambda of U = accuracy ratio + lambda log(speed-up)")
     p.add_argument("--plot", default=None, help="write the per-layer step-0 sparsity profiles (PNG) to this path")
     p.add_argument("--guard-mode", default="extend", choices=["extend", "redecode"],
@@ -148,25 +156,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "(cheaper) or decode the request again on the full window (answers equal the baseline's)")
     p.add_argument("--rank-by", default="tokens", choices=["tokens", "wall"],
                    help="speed-up inside U: tokens-computed ratio (deterministic) or wall clock")
-    p.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"])
-    p.add_argument("--device", default="cpu")
-    _add_generation_options(p, with_policies=False)
     p.set_defaults(func=cmd_calibrate)
 
     p = sub.add_parser("calibrate-dyllm", help="choose DyLLM's tau and attention mode for a checkpoint")
-    p.add_argument("--model", default=None,
-                   help="a local checkpoint with its tokenizer.json (default: the embedded model); needs --data")
-    p.add_argument("--data", default=None, help="JSONL requests, as for `seer calibrate`")
+    _add_calibration_inputs(p)
     p.add_argument("--out", default="dyllm_config.json",
                    help="where to write the chosen DyLLMConfig (JSON accepted by `generate --dyllm`)")
-    p.add_argument("--requests", type=int, default=None, help="use only the first N requests of the data")
     p.add_argument("--max-drop", type=float, default=0.01,
                    help="largest exact-match loss against the baseline a choice may have (0.01 = one point)")
     p.add_argument("--full-steps", type=int, default=4, help="warm-up steps of every candidate")
     p.add_argument("--prompt-period", type=int, default=4, help="prompt fed every N-th step in every candidate")
-    p.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"])
-    p.add_argument("--device", default="cpu")
-    _add_generation_options(p, with_policies=False)
     p.set_defaults(func=cmd_calibrate_dyllm)
     return parser
 
