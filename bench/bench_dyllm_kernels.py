@@ -5,7 +5,8 @@ mid-size shapes. For partial attention it also times the dense case (every query
 the same code) side by side, interleaved, and prints the measured ratio next to the ideal FLOP
 ratio: ``QK^T`` is needed for every (query, key) pair whatever the salient fraction (the softmax
 normaliser covers every key), only the ``P @ V`` half shrinks with ``|A| / N``, so the ideal
-ratio tends to 0.5, not 0, as the salient fraction goes to 0.
+ratio tends to 0.5, not 0, as the salient fraction goes to 0. The key correction (``k_old``) is
+timed against the plain update the same way.
 CUDA (skipped without a device): ``triton.testing.do_bench`` (device events, median) times the
 Triton kernels the same way.
 
@@ -24,7 +25,7 @@ import time
 import pytest
 import torch
 
-from bench.gpu_dyllm_kernels import dyllm_attention_inputs, peak_bandwidth, saliency_pair
+from bench.gpu_dyllm_kernels import dyllm_attention_inputs, peak_bandwidth, saliency_pair, with_k_old
 
 pytestmark = [pytest.mark.bench]
 
@@ -135,6 +136,20 @@ def test_partial_attention_reference_cpu(benchmark, cpu_threads, frac, response_
     assert 0.5 <= ideal < 1.0
 
 
+def test_partial_attention_reference_key_correction_cpu(benchmark, cpu_threads):
+    args, _, _ = dyllm_attention_inputs(B, PROMPT, RESPONSE, H, HK, HEAD_DIM, 0.2, response_only=True, seed=1)
+    corrected_args = with_k_old(args, seed=1)
+    plain = lambda: _pa.partial_attention_reference(**args)  # noqa: E731
+    corrected = lambda: _pa.partial_attention_reference(**corrected_args)  # noqa: E731
+    out = benchmark(corrected)
+    assert out.shape == args["q"].shape and not out.isnan().any()
+    t_corrected, t_plain = _interleaved_medians([corrected, plain], 3 if benchmark.stats is None else 7)
+    print(
+        f"\npartial_attention_reference 20% salient + k_old, response-only step ({cpu_threads} thread(s)): "
+        f"{t_corrected * 1e3:.3f} ms vs plain update {t_plain * 1e3:.3f} ms ({t_corrected / t_plain:.2f}x)"
+    )
+
+
 # ---------------------------------------------------------------------------- CUDA (Triton)
 
 
@@ -183,8 +198,11 @@ def test_partial_attention_triton_cuda(frac):
     out = torch.empty_like(args["q"])
     t_partial = _do_bench_ms(lambda: _pa.partial_attention(**args, out=out))
     t_dense = _do_bench_ms(lambda: _pa.partial_attention(**dense_args, out=out))
+    corrected_args = with_k_old(args, seed=2)
+    t_corrected = _do_bench_ms(lambda: _pa.partial_attention(**corrected_args, out=out))
     print(
         f"\npartial_attention {frac:.0%} salient LLaDA-8B response-only bf16: {t_partial:.4f} ms vs "
-        f"dense {t_dense:.4f} ms; measured {t_partial / t_dense:.3f}, ideal {ideal_flops / dense_flops:.3f}"
+        f"dense {t_dense:.4f} ms; measured {t_partial / t_dense:.3f}, ideal {ideal_flops / dense_flops:.3f}; "
+        f"with k_old {t_corrected:.4f} ms"
     )
-    assert t_partial > 0
+    assert t_partial > 0 and t_corrected > 0

@@ -7,7 +7,7 @@ rows for ``bench/gpu_check.py``:
   count exactly (rows whose fp32 similarity lies within 1e-5 of ``tau`` may legitimately flip
   and are reported), gather/scatter bitwise, partial attention within 2x the error of torch
   computing the same formula in bf16 (against an fp64 reference, plus a 1e-2 floor), with
-  GQA (Dream) and without (LLaDA);
+  GQA (Dream) and without (LLaDA), with and without the key correction (``k_old``);
 * one CUDA-graph capture of the whole DyLLM sequence (saliency -> gather -> scatter ->
   partial attention) replayed on new data and compared with eager calls;
 * device-event timings (``triton.testing.do_bench``, median) at LLaDA-8B shapes (32 heads,
@@ -15,7 +15,8 @@ rows for ``bench/gpu_check.py``:
   100% salient rows (random and clustered) for a response-only step (queries = response,
   keys = prompt + response) and a full step, against dense attention (the same kernel with
   every row salient, ``varlen_attention`` and torch SDPA), with the ideal FLOP ratio next to
-  the measured one; saliency and gather/scatter as a fraction of peak memory bandwidth
+  the measured one, and the 20% random case again with the key correction; saliency and
+  gather/scatter as a fraction of peak memory bandwidth
   (``SEER_PEAK_BW`` in B/s, default an H200's 4.8e12).
 
 Importable on a CPU-only machine: nothing touches CUDA before ``run`` is called.
@@ -131,6 +132,18 @@ def dyllm_attention_inputs(
     return kwargs, batch * dense, batch * partial
 
 
+def with_k_old(args: dict, noise: float = 0.5, seed: int = 0) -> dict:
+    """``args`` plus ``k_old`` for the key correction: the live salient keys moved by ``noise``
+    x N(0, 1) (zeros past the count; never read)."""
+    k, index = args["k"], args["salient_k_index"]
+    n = int(args["salient_k_count"])
+    g = torch.Generator(device=k.device).manual_seed(seed)
+    k_old = torch.zeros((index.numel(), *k.shape[1:]), dtype=k.dtype, device=k.device)
+    moved = k[index[:n].long()].float() + noise * torch.randn((n, *k.shape[1:]), generator=g, device=k.device)
+    k_old[:n] = moved.to(k.dtype)
+    return dict(args, k_old=k_old)
+
+
 def saliency_pair(N: int, D: int, frac: float, *, device="cpu", dtype=torch.float32, seed: int = 0):
     """ctx and ctx_cache where about ``frac`` of the rows changed a lot and the rest barely."""
     g = torch.Generator(device=device).manual_seed(seed)
@@ -167,10 +180,53 @@ def _lowp_partial(args: dict) -> torch.Tensor:
         p = torch.softmax((qb @ kb.transpose(1, 2)) * scale, dim=-1)
         pos = torch.nonzero((kidx >= ks) & (kidx < ke)).flatten()
         dvb = dv[pos].repeat_interleave(group, 1).transpose(0, 1)
-        approx = cache[qs:qe].transpose(0, 1) + p[:, :, kidx[pos] - ks] @ dvb
+        cols = kidx[pos] - ks
+        approx = cache[qs:qe].transpose(0, 1) + p[:, :, cols] @ dvb
+        if args.get("k_old") is not None and len(pos):
+            # the key correction: its dot in the inputs' dtype, scores and sums in fp32 (as
+            # torch.softmax inside; in bf16 they would flip rows near the old-mass limit)
+            pa = _ops()[2]
+            clamp = pa.KEY_CORRECTION_MAX_GAP_LOG2 * math.log(2)
+            s = (qb.float() @ kb.float().transpose(1, 2)) * scale
+            m = s.amax(-1, keepdim=True)
+            l = torch.exp(s - m).sum(-1, keepdim=True)
+            ko = args["k_old"][pos].float().repeat_interleave(group, 1).transpose(0, 1)
+            gap = (qb.float() @ ko.transpose(1, 2)) * scale - m
+            e_new, e_old = torch.exp(s[:, :, cols] - m), torch.exp(gap.clamp(max=clamp))
+            sn, so = e_new.sum(-1, keepdim=True), e_old.sum(-1, keepdim=True)
+            dpv = ((e_new - e_old).to(q.dtype) @ (vb[:, cols] - dvb)).float()
+            corrected = approx + ((dpv - (sn - so) * cache[qs:qe].transpose(0, 1).float()) / l).to(q.dtype)
+            use = (l - sn + so > 0) & (so <= pa.KEY_CORRECTION_MAX_OLD_MASS * (l - sn + so))
+            approx = torch.where(use & (gap.amax(-1, keepdim=True) <= clamp), corrected, approx)
         sal = args["salient_q_mask"][qs:qe].view(1, -1, 1)
         out[qs:qe] = torch.where(sal, p @ vb, approx).transpose(0, 1)
     return out
+
+
+def _fp64(args: dict) -> dict:
+    return {k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v) for k, v in args.items()}
+
+
+def _fp64_references(args: dict) -> list[torch.Tensor]:
+    """The fp64 reference; with ``k_old``, twice, at old-mass limits 1e-3 below and above the
+    real one: a (row, head) that close to the limit may take either branch."""
+    pa = _ops()[2]
+    if args.get("k_old") is None:
+        return [pa.partial_attention_reference(**_fp64(args))]
+    limit = pa.KEY_CORRECTION_MAX_OLD_MASS
+    refs = []
+    try:
+        for shifted in (limit - 1e-3, limit + 1e-3):
+            pa.KEY_CORRECTION_MAX_OLD_MASS = shifted
+            refs.append(pa.partial_attention_reference(**_fp64(args)))
+    finally:
+        pa.KEY_CORRECTION_MAX_OLD_MASS = limit
+    return refs
+
+
+def _max_err(x: torch.Tensor, refs: list[torch.Tensor]) -> float:
+    """Max abs error, each (row, head) against the nearest of ``refs``."""
+    return float(torch.stack([(x.double() - r).abs().amax(-1) for r in refs]).amin(0).max())
 
 
 def _bench(fn: Callable[[], object], quick: bool) -> float:
@@ -269,7 +325,7 @@ def _check_partial_attention() -> list[dict]:
     _, _, pa = _ops()
     rows = []
     for name, shape in (("LLaDA", LLADA), ("Dream GQA", DREAM)):
-        for response_only in (True, False):
+        for response_only, key_correction in ((True, False), (False, False), (True, True), (False, True)):
             args, _, _ = dyllm_attention_inputs(
                 3,
                 300,
@@ -283,17 +339,13 @@ def _check_partial_attention() -> list[dict]:
                 dtype=torch.bfloat16,
                 seed=1,
             )
+            if key_correction:
+                args = with_k_old(args, seed=1)
             out = pa.partial_attention(**args)
-            exact = pa.partial_attention_reference(
-                **{
-                    k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
-                    for k, v in args.items()
-                }
-            )
-            err = float((out.double() - exact).abs().max())
-            base = float((_lowp_partial(args).double() - exact).abs().max())
+            refs = _fp64_references(args)
+            err, base = _max_err(out, refs), _max_err(_lowp_partial(args), refs)
             ok = err <= 2 * base + 1e-2
-            step = "response-only" if response_only else "full"
+            step = ("response-only" if response_only else "full") + (" + k_old" if key_correction else "")
             rows.append(
                 {
                     "check": f"partial_attention bf16 {name} {step} vs fp64",
@@ -454,6 +506,17 @@ def _time_partial_attention(quick: bool) -> list[dict]:
                     ),
                 }
             )
+            if (frac, pattern) == (0.2, "random"):
+                args = with_k_old(args, seed=7)
+                ms_kc = _bench(lambda a=args, o=out: pa.partial_attention(**a, out=o), quick)
+                rows.append(
+                    {
+                        "check": f"partial_attention {frac:.0%} {pattern} + k_old LLaDA-8B {label} bf16",
+                        "ok": None,
+                        "ms": ms_kc,
+                        "note": f"{ms_kc / ms:.3f} x without the key correction",
+                    }
+                )
             del args, out
     return rows
 

@@ -19,6 +19,17 @@ Kernels:
    recomputes their scores and accumulates ``P[:, A] @ dV``. So ``QK^T`` costs
    ``O(Tq * Tk * d)`` as in dense attention, but ``P @ V`` costs ``O(|A_q| * Tk * d + Tq *
    |A_k| * d)`` up to the block granularity.
+
+Key correction (optional ``k_old``): the update above is exact only when ``V`` alone changed,
+but the salient keys ``K[A]`` changed too. Given the old keys, a non-salient row rebuilds its
+cache ``C_cache = P_old V_old`` into the part on the unchanged keys and the part on ``A``
+(whose old scores it recomputes from ``k_old``), swaps the salient part for the new one and
+renormalises the row. That is exact when ``q_i`` and the non-salient keys are unchanged since
+``ctx_cache`` was computed, and it reduces to the update above when ``k_old == k``. When the
+salient keys held more than :data:`KEY_CORRECTION_MAX_OLD_MASS` of the row's old attention
+mass, recovering the unchanged part subtracts nearly equal numbers (ill-conditioned), so the
+row falls back to the plain update. It costs one more ``q k_old^T`` and ``P @ V_old`` over the
+salient keys, in the same pass.
 """
 
 from __future__ import annotations
@@ -44,6 +55,16 @@ _CONFIGS = _dispatch.single_config_when_interpreting(
 )
 
 _LOG2E = 1.4426950408889634
+
+# Key correction: a non-salient row falls back to the plain ``P[:, A] @ dV`` update when the
+# salient keys held more than this share of its old attention mass.
+KEY_CORRECTION_MAX_OLD_MASS = 0.5
+# Old scores are clamped at the row's max new score + this many base-2 units (``e_old <= 2**15``
+# keeps ``e_new - e_old`` finite in fp16 for the dot), and a row with a clamped score falls back:
+# its old mass is then over 0.5 anyway unless its sequence has more than 2**15 unchanged keys.
+KEY_CORRECTION_MAX_GAP_LOG2 = 15.0
+#: the same clamp in natural-log units (torch code: ``exp(min(s_old - m, this))``)
+KEY_CORRECTION_MAX_EXPONENT = KEY_CORRECTION_MAX_GAP_LOG2 / _LOG2E
 
 
 @triton.jit
@@ -141,7 +162,7 @@ def _lower_bound(index_ptr, n, key):
     return lo
 
 
-@triton.autotune(configs=_CONFIGS, key=["BLOCK_D", "DOT_PREC"], restore_value=["out_ptr"])
+@triton.autotune(configs=_CONFIGS, key=["BLOCK_D", "DOT_PREC", "CORRECT_KEYS"], restore_value=["out_ptr"])
 @triton.jit(do_not_specialize=["kcount_val", "salient_k_capacity"])
 def _partial_attention_kernel(
     q_ptr,
@@ -149,6 +170,7 @@ def _partial_attention_kernel(
     v_ptr,
     cache_ptr,
     dv_ptr,
+    kold_ptr,
     out_ptr,
     cu_q_ptr,
     cu_k_ptr,
@@ -173,6 +195,9 @@ def _partial_attention_kernel(
     stride_dvt,
     stride_dvh,
     stride_dvd,
+    stride_kot,
+    stride_koh,
+    stride_kod,
     stride_ot,
     stride_oh,
     stride_od,
@@ -180,6 +205,9 @@ def _partial_attention_kernel(
     HEAD_DIM,
     GROUP: tl.constexpr,
     HAS_KCOUNT_PTR: tl.constexpr,
+    CORRECT_KEYS: tl.constexpr,
+    MAX_OLD_MASS: tl.constexpr,
+    OLD_GAP_MAX: tl.constexpr,
     DOT_PREC: tl.constexpr,
     UPCAST: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -274,6 +302,18 @@ def _partial_attention_kernel(
             hi = _lower_bound(kidx_ptr, n_k, ke)
             offs_s = tl.arange(0, BLOCK_S).to(tl.int64)
             upd = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+            if CORRECT_KEYS:
+                # e_new @ V - e_old @ V_old = e_new @ dV + (e_new - e_old) @ V_old: the correction
+                # is `upd` plus dp @ V_old with dp = e_new - e_old taken elementwise in fp32 before
+                # the dot. dp is small when the keys moved little and its cast to the input dtype
+                # keeps its relative precision; two separate products e_new @ V and e_old @ V_old
+                # would each carry a rounding error of the size of e (P cast to bf16/fp16), left
+                # whole in their nearly cancelling difference. And dp == 0 exactly when k_old == k,
+                # which gives the plain update bit for bit.
+                dpv = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+                sum_new = tl.zeros((BLOCK_M,), dtype=tl.float32)
+                sum_old = tl.zeros((BLOCK_M,), dtype=tl.float32)
+                gap_max = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
             for p0 in range(lo, hi, BLOCK_S):
                 pos = p0 + offs_s
                 pmask = pos < hi
@@ -295,12 +335,44 @@ def _partial_attention_kernel(
                 if UPCAST:
                     dv = dv.to(tl.float32)
                 upd += tl.dot(p.to(dv.dtype), dv, input_precision=DOT_PREC)
+                if CORRECT_KEYS:
+                    kot = tl.load(
+                        kold_ptr + pos[None, :] * stride_kot + kv_head * stride_koh + offs_d[:, None] * stride_kod,
+                        mask=dmask[:, None] & pmask[None, :],
+                        other=0.0,
+                    )
+                    if UPCAST:
+                        kot = kot.to(tl.float32)
+                    gap = tl.dot(q, kot, input_precision=DOT_PREC) * qk_scale - m_i[:, None]
+                    gap = tl.where(pmask[None, :], gap, float("-inf"))
+                    gap_max = tl.maximum(gap_max, tl.max(gap, axis=1))
+                    # clamped: no overflow (a row with a clamped score falls back below)
+                    p_old = tl.math.exp2(tl.minimum(gap, OLD_GAP_MAX))
+                    vn = tl.load(
+                        v_ptr + kid[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :] * stride_vd,
+                        mask=pmask[:, None] & dmask[None, :],
+                        other=0.0,
+                    )
+                    v_old = (vn.to(tl.float32) - dv.to(tl.float32)).to(dv.dtype)
+                    dp = p - p_old
+                    sum_new += tl.sum(p, axis=1)
+                    sum_old += tl.sum(p_old, axis=1)
+                    dpv += tl.dot(dp.to(dv.dtype), v_old, input_precision=DOT_PREC)
             cache = tl.load(
                 cache_ptr + rows[:, None] * stride_ct + head * stride_ch + offs_d[None, :] * stride_cd,
                 mask=non[:, None] & dmask[None, :],
                 other=0.0,
             ).to(tl.float32)
-            result = tl.where(sal[:, None], result, cache + upd * inv_l[:, None])
+            if CORRECT_KEYS:
+                paper = cache + upd * inv_l[:, None]
+                # (l_old * cache + e_new @ V - e_old @ V_old) / l with l_old = l - sum_new + sum_old
+                corrected = paper + (dpv - (sum_new - sum_old)[:, None] * cache) * inv_l[:, None]
+                l_old = l_i - sum_new + sum_old
+                # old mass on A = sum_old / l_old <= MAX_OLD_MASS; l_old <= 0 (no keys, rounding) falls back
+                use = (l_old > 0.0) & (sum_old <= MAX_OLD_MASS * l_old) & (gap_max <= OLD_GAP_MAX)
+                result = tl.where(sal[:, None], result, tl.where(use[:, None], corrected, paper))
+            else:
+                result = tl.where(sal[:, None], result, cache + upd * inv_l[:, None])
 
         tl.store(
             out_ptr + rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :] * stride_od,
@@ -323,6 +395,7 @@ def _partial_attention_triton(
     k_count,
     scale,
     out,
+    k_old=None,
 ) -> None:
     Tq, H, d = q.shape
     Hk = k.shape[1]
@@ -342,6 +415,7 @@ def _partial_attention_triton(
         v,
         ctx_cache,
         delta_v,
+        delta_v if k_old is None else k_old,  # dummy pointer without the key correction
         out,
         cu_seqlens_q,
         cu_seqlens_k,
@@ -356,11 +430,15 @@ def _partial_attention_triton(
         *v.stride(),
         *ctx_cache.stride(),
         *delta_v.stride(),
+        *((0, 0, 0) if k_old is None else k_old.stride()),
         *out.stride(),
         scale * _LOG2E,
         d,
         GROUP=H // Hk,
         HAS_KCOUNT_PTR=has_ptr,
+        CORRECT_KEYS=k_old is not None,
+        MAX_OLD_MASS=KEY_CORRECTION_MAX_OLD_MASS,
+        OLD_GAP_MAX=KEY_CORRECTION_MAX_GAP_LOG2,
         # fp32 dots must not silently drop to tf32 on tensor cores
         DOT_PREC="ieee" if q.dtype == torch.float32 or upcast else "tf32",
         UPCAST=upcast,
@@ -383,12 +461,15 @@ def partial_attention_reference(
     salient_k_count: int | torch.Tensor,
     *,
     softmax_scale: float | None = None,
+    k_old: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Torch reference of :func:`partial_attention`, one dense softmax per sequence.
 
     Computes in fp32 (fp64 when the inputs are fp64, which tests use as the exact answer) and
     returns ``q``'s dtype. Reads ``cu_seqlens`` and the count on the host (syncs on CUDA).
+    With ``k_old``, the key correction uses the kernel's clamp and fallback rule on the old
+    scores, shifted by each row's max new score.
     """
     Tq, H, d = q.shape
     Hk = k.shape[1]
@@ -425,8 +506,42 @@ def partial_attention_reference(
         dvb = delta_v[pos].to(cdt).repeat_interleave(group, dim=1).transpose(0, 1)  # [H, |A_b|, d]
         cache_b = ctx_cache[qs:qe][rows_non].to(cdt).transpose(0, 1)
         res[:, rows_non] = cache_b + probs[:, rows_non][:, :, kidx[pos] - ks] @ dvb
+        if k_old is not None and pos.numel():  # pos non-empty: the sequence has keys
+            # built alike, so that k_old == k gives bitwise equal scores (and the plain update)
+            k_new_a, k_old_a = (
+                x.to(cdt).repeat_interleave(group, dim=1).transpose(0, 1) for x in (k[kidx[pos]], k_old[pos])
+            )
+            res[:, rows_non] = _key_correction(
+                res[:, rows_non], qb[:, rows_non], kb, vb[:, kidx[pos] - ks], k_new_a, k_old_a, dvb, cache_b, scale
+            )
         out[qs:qe] = res.transpose(0, 1).to(out.dtype)
     return out
+
+
+def _key_correction(paper, qn, kb, v_a, k_new_a, k_old_a, dv_a, cache, scale):
+    """The key-corrected non-salient rows of one sequence, falling back to ``paper`` (all ``[H, ...]``).
+
+    ``qn`` the non-salient queries, ``kb`` all keys of the sequence; ``v_a``, ``k_new_a``,
+    ``k_old_a``, ``dv_a`` the new values, new and old keys and ``delta_v`` of its salient keys.
+    """
+    s = qn @ kb.transpose(1, 2) * scale  # [H, Ln, Lk]
+    m = s.amax(dim=-1, keepdim=True)
+    l = torch.exp(s - m).sum(dim=-1, keepdim=True)
+    # new and old salient scores from matmuls of the same shape (equal keys give equal bits)
+    e_new = torch.exp(qn @ k_new_a.transpose(1, 2) * scale - m)
+    gap = qn @ k_old_a.transpose(1, 2) * scale - m
+    gap_max = KEY_CORRECTION_MAX_GAP_LOG2 / _LOG2E  # the kernel's clamp, in natural units
+    e_old = torch.exp(gap.clamp(max=gap_max))
+    dp = e_new - e_old
+    v_old = v_a - dv_a
+    sum_new = e_new.sum(dim=-1, keepdim=True)
+    sum_old = e_old.sum(dim=-1, keepdim=True)
+    # (l_old * cache + e_new @ V - e_old @ V_old) / l, written as paper + (dp @ V_old - sum(dp) cache) / l
+    corrected = paper + (dp @ v_old - (sum_new - sum_old) * cache) / l
+    l_old = l - sum_new + sum_old
+    use = (l_old > 0) & (sum_old <= KEY_CORRECTION_MAX_OLD_MASS * l_old)
+    use &= gap.amax(dim=-1, keepdim=True) <= gap_max
+    return torch.where(use, corrected, paper)
 
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -465,6 +580,7 @@ def partial_attention(
     salient_k_count: int | torch.Tensor,
     *,
     softmax_scale: float | None = None,
+    k_old: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """DyLLM attention context for a packed varlen batch (bidirectional, GQA, prefix keys).
@@ -489,6 +605,10 @@ def partial_attention(
         salient_k_count: int32 ``[1]`` device tensor (or a Python int) with the live slots;
             device values outside ``[0, cap]`` act as the nearest end.
         softmax_scale: default ``1 / sqrt(d)``.
+        k_old: optional ``[cap, Hk, d]`` of ``q``'s dtype, row ``p`` the key at key row
+            ``salient_k_index[p]`` before this step's update (``k`` holds the new key there, the
+            old value is ``v - delta_v``); turns on the key correction of the non-salient rows
+            (see Returns). Slots past the count are never read.
         out: optional ``[Tq, H, d]`` buffer of ``q``'s dtype. It may be ``ctx_cache`` itself:
             each element is read before it is written by the same program.
 
@@ -496,13 +616,33 @@ def partial_attention(
         ``ctx`` ``[Tq, H, d]``: salient rows ``softmax(q K_seq^T * scale) V_seq``; other rows
         ``ctx_cache + sum_{j in A, j in seq} P_ij * delta_v_j`` with ``P`` the exact softmax over
         all keys of the sequence. The identity is exact when only ``V`` changed since
-        ``ctx_cache`` was computed. Edges: a sequence with no keys gives 0 for salient rows and
-        ``ctx_cache`` for the others; no salient rows and no salient keys returns ``ctx_cache``;
-        query rows outside every sequence (``>= cu_seqlens_q[-1]``) are left as they are in
-        ``out`` (zero when ``out`` is None).
+        ``ctx_cache`` was computed.
 
-    Numerics: scores, softmax statistics and accumulators in fp32; the ``P @ V`` and
-    ``P @ dV`` dots take ``P`` in the input dtype (flash-attention's habit); fp32 inputs use
+        With ``k_old``, a non-salient row ``i`` instead gets, with ``e_j = exp(s_ij - m)`` for
+        the new scores (any shift ``m``), ``l = sum_j e_j`` over all keys of the sequence, and
+        for ``j in A`` ``e_old_j = exp(q_i . k_old_j * scale - m)``, ``V_old_j = v_j - delta_v_j``,
+        ``l_old = l - sum_A e_j + sum_A e_old_j``::
+
+            (l_old * ctx_cache_i + sum_A e_j v_j - sum_A e_old_j V_old_j) / l
+
+        i.e. the cache ``P_old V_old`` split into its unchanged-key part and its part on ``A``,
+        that part swapped for the new one, and the row renormalised: exact when ``q_i`` and the
+        non-salient keys are unchanged since ``ctx_cache`` was computed, and the plain update
+        above when ``k_old == k``. A row whose old mass on ``A`` (``sum_A e_old / l_old``)
+        exceeds :data:`KEY_CORRECTION_MAX_OLD_MASS` keeps the plain update (recovering the
+        unchanged part would subtract nearly equal numbers), as does a row whose old score
+        exceeds its max new score by more than ``15 ln 2`` (clamped against overflow; its old
+        mass is over the limit anyway unless the sequence has more than ``2**15`` keys).
+        Salient rows are unaffected.
+
+        Edges: a sequence with no keys gives 0 for salient rows and ``ctx_cache`` for the
+        others; no salient rows and no salient keys returns ``ctx_cache`` (also with
+        ``k_old``); query rows outside every sequence (``>= cu_seqlens_q[-1]``) are left as
+        they are in ``out`` (zero when ``out`` is None).
+
+    Numerics: scores, softmax statistics and accumulators in fp32; the ``P @ V``, ``P @ dV``
+    and (with ``k_old``) ``(e - e_old) @ V_old`` dots take both operands in the input dtype
+    (flash-attention's habit), ``V_old = v - delta_v`` rounded to it too; fp32 inputs use
     IEEE fp32 dots (never tf32). Under the Triton interpreter bf16 dots run in fp32 (its bf16
     arithmetic is wrong). Graph-capturable on CUDA (no host sync); the first CUDA call per
     head dim and dtype autotunes the tile sizes, so warm up before a capture.
@@ -559,6 +699,10 @@ def partial_attention(
             raise TypeError(f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}")
         if not math.isfinite(softmax_scale):
             raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")
+    if k_old is not None:
+        _dispatch.check_tensor("k_old", k_old, dtypes=(q.dtype,), dim=3)
+        if tuple(k_old.shape) != (cap, Hk, d):
+            raise ValueError(f"k_old must have shape {(cap, Hk, d)} like delta_v, got {tuple(k_old.shape)}")
     if out is not None:
         _dispatch.check_tensor("out", out, dtypes=(q.dtype,), dim=3)
         if tuple(out.shape) != tuple(q.shape):
@@ -569,6 +713,7 @@ def partial_attention(
         v=v,
         ctx_cache=ctx_cache,
         delta_v=delta_v,
+        k_old=k_old,
         cu_seqlens_q=cu_seqlens_q,
         cu_seqlens_k=cu_seqlens_k,
         salient_q_mask=salient_q_mask,
@@ -603,6 +748,7 @@ def partial_attention(
             salient_k_index,
             salient_k_count,
             softmax_scale=scale,
+            k_old=k_old,
             out=out,
         )
     if out is None:
@@ -621,5 +767,6 @@ def partial_attention(
         salient_k_count,
         scale,
         out,
+        k_old,
     )
     return out

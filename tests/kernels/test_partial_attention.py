@@ -9,7 +9,13 @@ import pytest
 import torch
 
 from seer_kernels import kernel_backend
-from seer_kernels.partial_attn import _CONFIGS, partial_attention, partial_attention_reference
+from seer_kernels.partial_attn import (
+    _CONFIGS,
+    KEY_CORRECTION_MAX_GAP_LOG2,
+    KEY_CORRECTION_MAX_OLD_MASS,
+    partial_attention,
+    partial_attention_reference,
+)
 from tests.tolerances import assert_within_baseline_error
 
 pytestmark = [pytest.mark.interpreter, pytest.mark.partial_attention]
@@ -114,9 +120,32 @@ def _lowp_torch(args):
         pos = torch.nonzero((kidx >= ks) & (kidx < ke)).flatten()
         dvb = dv[pos].repeat_interleave(group, 1).transpose(0, 1)
         approx = cache[qs:qe].transpose(0, 1) + p[:, :, kidx[pos] - ks] @ dvb
+        if args.get("k_old") is not None and len(pos):
+            approx = _lowp_key_correction(approx, qb, kb, vb, args["k_old"][pos], dvb, kidx[pos] - ks, cache[qs:qe])
         sal = args["salient_q_mask"][qs:qe].view(1, -1, 1)
         out[qs:qe] = torch.where(sal, p @ vb, approx).transpose(0, 1)
     return out
+
+
+def _lowp_key_correction(approx, qb, kb, vb, k_old, dvb, cols, cache):
+    """The reference's key correction, its dot in the inputs' dtype. Scores and sums in fp32 (as
+    ``torch.softmax`` does inside): in fp16 they would flip rows near the old-mass limit, and a
+    flipped row's error (the whole correction) says nothing about the dtype's rounding."""
+    group = qb.shape[0] // k_old.shape[1]
+    scale = 1.0 / math.sqrt(qb.shape[2])
+    clamp = KEY_CORRECTION_MAX_GAP_LOG2 * math.log(2)
+    s = (qb.float() @ kb.float().transpose(1, 2)) * scale
+    m = s.amax(-1, keepdim=True)
+    l = torch.exp(s - m).sum(-1, keepdim=True)
+    e_new = torch.exp(s[:, :, cols] - m)
+    gap = (qb.float() @ k_old.float().repeat_interleave(group, 1).permute(1, 2, 0)) * scale - m
+    e_old = torch.exp(gap.clamp(max=clamp))
+    sum_new, sum_old = e_new.sum(-1, keepdim=True), e_old.sum(-1, keepdim=True)
+    dpv = (e_new - e_old).to(qb.dtype) @ (vb[:, cols] - dvb)
+    corrected = approx + ((dpv.float() - (sum_new - sum_old) * cache.transpose(0, 1).float()) / l).to(qb.dtype)
+    l_old = l - sum_new + sum_old
+    use = (l_old > 0) & (sum_old <= KEY_CORRECTION_MAX_OLD_MASS * l_old) & (gap.amax(-1, keepdim=True) <= clamp)
+    return torch.where(use, corrected, approx)
 
 
 def _dense64(q, k, v, cu_q, cu_k):
@@ -351,6 +380,12 @@ def _bad(**over):
         (dict(softmax_scale=float("inf")), ValueError, "softmax_scale"),
         (dict(out=torch.empty(5, 4, 16, dtype=torch.float16)), TypeError, "out"),
         (dict(out=torch.empty(6, 4, 16)), ValueError, "out"),
+        (dict(k_old=torch.randn(10, 2, 16, dtype=torch.float16)), TypeError, "k_old"),
+        (dict(k_old=torch.randn(9, 2, 16)), ValueError, "k_old"),
+        (dict(k_old=torch.randn(10, 4, 16)), ValueError, "k_old"),
+        (dict(k_old=torch.randn(10, 32)), ValueError, "k_old"),
+        (dict(k_old=[[0.0]]), TypeError, "k_old"),
+        (dict(k_old=torch.empty(10, 2, 16, device="meta")), ValueError, "k_old"),
     ],
 )
 def test_bad_inputs_name_the_argument(over, exc, name):
@@ -366,3 +401,201 @@ def test_bf16_runs_in_fp32_under_the_interpreter():
     exact = partial_attention_reference(**_as(args, torch.float64))
     assert out.dtype == torch.bfloat16
     assert_within_baseline_error(out, _lowp_torch(args), exact, msg="bf16")
+
+
+# ---------------------------------------------------------------------- key correction (k_old)
+
+
+def _with_k_old(args, seed, noise=1.0):
+    """``args`` plus ``k_old``: the salient keys moved by ``noise`` x N(0, 1); slots past the count NaN."""
+    g = torch.Generator().manual_seed(seed)
+    n = int(args["salient_k_count"])
+    rows = args["salient_k_index"][:n].long()
+    k_old = torch.full_like(args["delta_v"], float("nan"))
+    k_old[:n] = (args["k"][rows].double() + noise * torch.randn(k_old[:n].shape, generator=g, dtype=torch.float64)).to(
+        k_old.dtype
+    )
+    return dict(args, k_old=k_old)
+
+
+def _old_state64(args):
+    """fp64 keys, values, and each (query row, head)'s attention mass on its sequence's salient
+    keys, all before this step: K and V with the salient rows put back to k_old and v - delta_v."""
+    n = int(args["salient_k_count"])
+    rows = args["salient_k_index"][:n].long()
+    k_old, v_old = args["k"].double().clone(), args["v"].double().clone()
+    k_old[rows] = args["k_old"][:n].double()
+    v_old[rows] -= args["delta_v"][:n].double()
+    q, cq, ck = args["q"].double(), args["cu_seqlens_q"].tolist(), args["cu_seqlens_k"].tolist()
+    group = q.shape[1] // k_old.shape[1]
+    mass = torch.zeros(q.shape[:2], dtype=torch.float64)
+    for b in range(len(cq) - 1):
+        qs, qe, ks, ke = cq[b], cq[b + 1], ck[b], ck[b + 1]
+        if qe == qs or ke == ks:
+            continue
+        kb = k_old[ks:ke].repeat_interleave(group, 1).transpose(0, 1)
+        p = torch.softmax(q[qs:qe].transpose(0, 1) @ kb.transpose(1, 2) / math.sqrt(q.shape[2]), dim=-1)
+        cols = rows[(rows >= ks) & (rows < ke)] - ks
+        mass[qs:qe] = p[:, :, cols].sum(-1).transpose(0, 1)
+    return k_old, v_old, mass
+
+
+# CASES[5] with fewer salient keys: at 60% every row's old mass on them is over the limit
+PREFIX_FEW_SALIENT = Case([7, 20], [37, 45], 2, 1, 64, q_frac=0.1, k_frac=0.35)
+
+
+@pytest.mark.parametrize("case", [CASES[3], CASES[4], PREFIX_FEW_SALIENT, CASES[6]], ids=lambda c: c.id)
+def test_key_correction_is_exact_when_old_mass_is_small(case):
+    """ctx_cache = exact attention before the step (old K and V at the salient keys). Then the
+    reference (fp64) gives exact new attention on every non-salient row whose old mass on the
+    salient keys is <= the limit, and the plain update on the others; salient rows are exact."""
+    args = _with_k_old(_inputs(case, torch.float64, seed=20), seed=21)
+    k_old, v_old, mass = _old_state64(args)
+    cu = (args["cu_seqlens_q"], args["cu_seqlens_k"])
+    args["ctx_cache"] = _dense64(args["q"], k_old, v_old, *cu)
+    exact_new = _dense64(args["q"], args["k"], args["v"], *cu)
+    out = partial_attention_reference(**args)
+    plain = partial_attention_reference(**dict(args, k_old=None))
+    non = (~args["salient_q_mask"])[:, None].expand_as(mass)
+    small = non & (mass <= KEY_CORRECTION_MAX_OLD_MASS - 1e-9)
+    large = non & (mass > KEY_CORRECTION_MAX_OLD_MASS + 1e-9)
+    assert small.any() and large.any() and int((small | large).sum()) == int(non.sum())
+    torch.testing.assert_close(out[small], exact_new[small], rtol=0, atol=1e-10)
+    assert torch.equal(out[large], plain[large])
+    assert torch.equal(out[~non], plain[~non])
+    torch.testing.assert_close(out[~non], exact_new[~non], rtol=0, atol=1e-10)
+    # the correction mattered: the plain update is visibly off on the small-mass rows
+    assert (plain[small] - exact_new[small]).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("case", [CASES[4], CASES[5]], ids=lambda c: c.id)
+def test_k_old_equal_to_k_is_the_plain_update_bitwise(case, dtype):
+    args = _inputs(case, dtype, seed=22)
+    n = int(args["salient_k_count"])
+    k_old = torch.full_like(args["delta_v"], float("nan"))
+    k_old[:n] = args["k"][args["salient_k_index"][:n].long()]
+    assert torch.equal(partial_attention(**args, k_old=k_old), partial_attention(**args))
+    assert torch.equal(partial_attention_reference(**args, k_old=k_old), partial_attention_reference(**args))
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_key_correction_matches_fp64_within_twice_torch_error(case, dtype):
+    args = _with_k_old(_inputs(case, dtype, seed=len(case.id) + 30), seed=31)
+    out = partial_attention(**args)
+    exact = partial_attention_reference(**_as(args, torch.float64))
+    assert out.dtype == dtype and not out.isnan().any()
+    assert_within_baseline_error(out, _lowp_torch(args), exact, msg=case.id)
+    ref = partial_attention_reference(**args)
+    assert_within_baseline_error(ref, _lowp_torch(args), exact, msg=f"reference {case.id}")
+    plain = partial_attention_reference(**_as(dict(args, k_old=None), torch.float64))
+    if max(case.lq) > 1 and case.k_frac < 1:  # the correction changed some rows (not all keys salient)
+        assert (exact - plain).abs().max() > 1e-2
+    sal = args["salient_q_mask"]
+    assert torch.equal(out[sal], partial_attention(**dict(args, k_old=None))[sal])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("variant", ["no_salient_rows", "all_rows_salient", "int_count", "no_salient_keys"])
+def test_key_correction_edges(variant, dtype):
+    case = CASES[4]
+    Tq = sum(case.lq)
+    q_mask = {"no_salient_rows": torch.zeros(Tq, dtype=torch.bool), "all_rows_salient": torch.ones(Tq, dtype=bool)}
+    k_rows = torch.empty(0, dtype=torch.int64) if variant == "no_salient_keys" else None
+    args = _with_k_old(_inputs(case, dtype, seed=40, q_mask=q_mask.get(variant), k_rows=k_rows), seed=41)
+    out = partial_attention(**args)
+    plain = partial_attention(**dict(args, k_old=None))
+    if variant == "all_rows_salient":  # k_old does not touch exact rows
+        assert torch.equal(out, plain)
+    elif variant == "no_salient_keys":  # nothing changed: the cache, exactly
+        non = ~args["salient_q_mask"]
+        assert non.any() and torch.equal(out[non], args["ctx_cache"][non])
+        assert torch.equal(out, plain)
+    elif variant == "int_count":
+        assert torch.equal(partial_attention(**dict(args, salient_k_count=int(args["salient_k_count"]))), out)
+    else:
+        exact = partial_attention_reference(**_as(args, torch.float64))
+        assert_within_baseline_error(out, _lowp_torch(args), exact, msg=variant)
+
+
+def test_key_correction_zero_key_sequence():
+    case = Case([4, 3], [0, 5], 2, 2, 16)
+    q_mask = torch.tensor([True, False, True, False, True, False, False])
+    args = _with_k_old(_inputs(case, torch.float32, seed=42, q_mask=q_mask, k_rows=torch.tensor([1, 4])), seed=43)
+    out = partial_attention(**args)
+    assert torch.equal(out[[0, 2]], torch.zeros(2, 2, 16))
+    assert torch.equal(out[[1, 3]], args["ctx_cache"][[1, 3]])
+    assert torch.equal(partial_attention_reference(**args)[:4], out[:4])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_key_correction_huge_old_score_falls_back_without_overflow(dtype):
+    """One old key scores ~1e4 above the new ones for about half the (row, head) pairs: those
+    fall back to the plain update (no inf or nan anywhere), the others see e_old = 0 for it."""
+    case = CASES[3]
+    args = _with_k_old(_inputs(case, dtype, seed=44), seed=45)
+    n = int(args["salient_k_count"])
+    slot = n // 2
+    sign = torch.where(torch.randn(case.Hk, case.d) > 0, 1.0, -1.0)
+    args["k_old"][slot] = (1e4 * sign).to(dtype)
+    out = partial_attention(**args)
+    ref = partial_attention_reference(**args)
+    plain = partial_attention(**dict(args, k_old=None))
+    assert out.isfinite().all() and ref.isfinite().all()
+    # (row, head) pairs of the slot's sequence whose score against the huge key is positive
+    key = int(args["salient_k_index"][slot])
+    cu_k, cu_q = args["cu_seqlens_k"].tolist(), args["cu_seqlens_q"].tolist()
+    b = max(i for i in range(len(cu_k) - 1) if cu_k[i] <= key)
+    rows = torch.arange(cu_q[b], cu_q[b + 1])
+    rows = rows[~args["salient_q_mask"][rows]]
+    group = case.H // case.Hk
+    score = (args["q"][rows].double() * args["k_old"][slot].double().repeat_interleave(group, 0)).sum(-1)
+    up = score > 0
+    assert up.any() and (~up).any()
+    assert torch.equal(out[rows][up], plain[rows][up])
+    exact = partial_attention_reference(**_as(args, torch.float64))
+    assert_within_baseline_error(out, _lowp_torch(args), exact, msg="huge old score")
+
+
+def test_key_correction_clamped_old_score_falls_back(monkeypatch):
+    """With the clamp lowered to 0.5 base-2 units, every (row, head) with an old score more than
+    0.5 ln 2 above its max new score falls back to the plain update; the rest are unchanged."""
+    from seer_kernels import partial_attn
+
+    args = _with_k_old(_inputs(CASES[4], torch.float32, seed=46), seed=47)
+    before, ref_before = partial_attention(**args), partial_attention_reference(**args)
+    no_k_old = dict(args, k_old=None)
+    plain, ref_plain = partial_attention(**no_k_old), partial_attention_reference(**no_k_old)
+    monkeypatch.setattr(partial_attn, "KEY_CORRECTION_MAX_GAP_LOG2", 0.5)
+    out = partial_attention(**args)
+    ref = partial_attention_reference(**args)
+    # each (row, head)'s largest old salient score minus its largest new score, in fp64
+    q, k, k_old = args["q"].double(), args["k"].double(), args["k_old"].double()
+    n = int(args["salient_k_count"])
+    kidx = args["salient_k_index"][:n].long()
+    group = CASES[4].H // CASES[4].Hk
+    gap = torch.full(q.shape[:2], float("-inf"), dtype=torch.float64)
+    cq, ck = args["cu_seqlens_q"].tolist(), args["cu_seqlens_k"].tolist()
+    for b in range(len(cq) - 1):
+        pos = torch.nonzero((kidx >= ck[b]) & (kidx < ck[b + 1])).flatten()
+        qb = q[cq[b] : cq[b + 1]].transpose(0, 1)
+        s_new = qb @ k[ck[b] : ck[b + 1]].repeat_interleave(group, 1).permute(1, 2, 0)
+        s_old = qb @ k_old[pos].repeat_interleave(group, 1).permute(1, 2, 0)
+        if len(pos):
+            gap[cq[b] : cq[b + 1]] = ((s_old.amax(-1) - s_new.amax(-1)) / math.sqrt(q.shape[2])).transpose(0, 1)
+    non = (~args["salient_q_mask"])[:, None].expand_as(gap)
+    thr = 0.5 * math.log(2)
+    hit, clear = non & (gap > thr + 1e-4), non & (gap < thr - 1e-4)
+    assert hit.any() and clear.any() and int((hit | clear).sum()) == int(non.sum())
+    assert torch.equal(out[hit], plain[hit]) and torch.equal(ref[hit], ref_plain[hit])
+    assert torch.equal(out[clear], before[clear]) and torch.equal(ref[clear], ref_before[clear])
+    assert not torch.equal(out[hit], before[hit])  # some of them did use the correction before
+
+
+def test_key_correction_bf16_under_the_interpreter():
+    args = _with_k_old(_inputs(CASES[3], torch.bfloat16, seed=48), seed=49)
+    out = partial_attention(**args)
+    exact = partial_attention_reference(**_as(args, torch.float64))
+    assert out.dtype == torch.bfloat16
+    assert_within_baseline_error(out, _lowp_torch(args), exact, msg="bf16 k_old")
