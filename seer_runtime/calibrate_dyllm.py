@@ -2,21 +2,24 @@
 
 DyLLM's paper fixes tau per model family (0.99 LLaDA, 0.995 Dream; its sweeps span
 0.98-0.9975) and approximates the attention of the rows outside the gating set by
-``C_cache + P[:, A] @ dV``. What either costs in accuracy depends on the checkpoint (see
-``seer_runtime.dyllm``: on the embedded demo model the partial attention changes a third of
-the answers, exact attention almost none). So, as ``seer calibrate`` does for Seer, this
-measures the choice on requests with their baseline answers:
+``C_cache + P[:, A] @ dV``; we also offer that update corrected for the change of the
+salient keys (the default) and exact attention (``DyLLMConfig.attention_mode``). What each
+costs in accuracy depends on the checkpoint (see ``seer_runtime.dyllm``: on the embedded demo
+model the paper's update changes a third of the answers, the corrected one and exact
+attention about one in twenty). So, as ``seer calibrate`` does for Seer, this measures the
+choice on requests with their baseline answers:
 
 1. decode the baseline (the references are the given answers; a request without one is
    scored against the baseline's own answer, so accuracy is then agreement with the baseline;
    the caller's requests are not modified);
 2. decode every candidate: tau in :data:`TAU_GRID` plus the family default, each with the
-   paper's partial attention and with exact attention (warm-up and prompt period as given,
-   the paper's 4 and 4 by default);
+   key-corrected partial attention (the default), the paper's partial attention and exact
+   attention (:data:`ATTENTION_MODES`; warm-up and prompt period as given, the paper's 4 and
+   4 by default);
 3. keep the candidates whose exact match is at most ``max_drop`` below the baseline's and
    choose the one with the highest ideal speed-up (dense over DyLLM multiply-accumulates, from
    the measured salient fractions: deterministic, unlike the wall clock of a shared CPU); ties
-   go to the more accurate, then to the paper's settings. When no candidate qualifies, the
+   go to the more accurate, then to the defaults. When no candidate qualifies, the
    most accurate one is chosen and the result says so (``within_tolerance: false``).
 
 The choice is written as a :class:`~seer_runtime.dyllm.DyLLMConfig` JSON, with every
@@ -38,6 +41,12 @@ from .evaluate import Request, run_requests
 
 #: the taus tried besides the family default (the paper's sweep range)
 TAU_GRID = (0.98, 0.99, 0.995, 0.9975)
+#: the attention modes tried with each tau (``DyLLMConfig.attention_mode`` -> its fields)
+ATTENTION_MODES = {
+    "partial": {"approx_attention": True, "key_correction": True},
+    "paper": {"approx_attention": True, "key_correction": False},
+    "exact": {"approx_attention": False, "key_correction": True},
+}
 
 
 def check_max_drop(max_drop) -> None:
@@ -56,7 +65,7 @@ def choose(candidates: list[dict], baseline_accuracy: float, max_drop: float) ->
     """The chosen candidate and whether it is within the tolerance (see the module docstring).
 
     candidates: dicts with ``accuracy``, ``ideal_speedup`` and ``config`` (a DyLLMConfig);
-    candidates earlier in the list win exact ties (list the paper's settings first).
+    candidates earlier in the list win exact ties (list the defaults first).
     """
     if not candidates:
         raise ValueError("candidates is empty")
@@ -91,9 +100,9 @@ def calibrate_dyllm(model, requests: list[Request], gen: GenerationConfig, *, ma
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
             raise ValueError(f"taus must hold finite numbers > 0 (cosine-similarity thresholds), got {t!r}")
     grid = sorted({float(t) for t in taus} | {default.tau})
-    # the paper's settings first (they win exact ties), each configuration once
-    configs = list(dict.fromkeys([default] + [default.replace(tau=t, approx_attention=a)
-                                              for a in (True, False) for t in grid]))
+    # the defaults first (they win exact ties), each configuration once
+    configs = list(dict.fromkeys([default] + [default.replace(tau=t, **mode)
+                                              for mode in ATTENTION_MODES.values() for t in grid]))
 
     bar = tqdm(total=len(requests), desc="baseline", disable=not progress, file=sys.stderr)
     base = run_requests(model, requests, gen, batch_size=batch_size, progress=bar)
@@ -106,7 +115,7 @@ def calibrate_dyllm(model, requests: list[Request], gen: GenerationConfig, *, ma
 
     candidates = []
     for cfg in configs:
-        mode = "partial" if cfg.approx_attention else "exact"
+        mode = cfg.attention_mode
         bar = tqdm(total=len(requests), desc=f"tau {cfg.tau} {mode}", disable=not progress, file=sys.stderr)
         res = run_requests(model, requests, gen, batch_size=batch_size, dyllm=cfg, progress=bar)
         bar.close()
@@ -121,7 +130,7 @@ def calibrate_dyllm(model, requests: list[Request], gen: GenerationConfig, *, ma
             f"ideal x{cand['ideal_speedup']:.2f}")
     best, within = choose(candidates, base_acc, max_drop)
     note = "" if within else f" - no candidate within {max_drop} of the baseline: the most accurate"
-    log(f"chosen: tau {best['config'].tau}, {'partial' if best['config'].approx_attention else 'exact'} attention "
+    log(f"chosen: tau {best['config'].tau}, {best['config'].attention_mode} attention "
         f"(exact match {best['accuracy']:.3f} vs {base_acc:.3f}, ideal x{best['ideal_speedup']:.2f}){note}")
     return {
         "config": best["config"],

@@ -39,8 +39,9 @@ def _add_generation_options(p: argparse.ArgumentParser, *, with_policies: bool =
         return
     g.add_argument("--seer", default=None, help="a SeerConfig JSON file (from `seer calibrate`) to cut the window")
     g.add_argument("--dyllm", default=None,
-                   help="a DyLLMConfig JSON file (from `seer calibrate-dyllm`), or 'default' (the paper's: the "
-                        "family's tau, 4 warm-up steps, prompt every 4th step, partial attention)")
+                   help="a DyLLMConfig JSON file (from `seer calibrate-dyllm`), or 'default' (the paper's "
+                        "settings: the family's tau, 4 warm-up steps, prompt every 4th step; partial attention "
+                        "corrected for the salient keys' change)")
 
 
 def generation_config(args):

@@ -11,9 +11,11 @@ The algorithm (per request, per layer ``l``, per denoising step ``t``):
   positions committed in the previous step (every fed position when ``tau > 1``), at
   ``l > 0`` the set found at ``l - 1``. K/V are projected only for the rows in ``A`` and
   merged into the cache (``dV = V_new[A] - V_old[A]``); Q for every fed row. Query rows in
-  ``A`` get exact attention; the others (``approx_attention=True``, the paper's and the
-  default) ``C = C_cache + P[:, A] @ dV`` with ``P`` the exact softmax over **all** keys
-  (``seer_kernels.partial_attention``), or exact attention too (``approx_attention=False``). The new salient set is
+  ``A`` get exact attention; the others a partial attention (``seer_kernels.partial_attention``)
+  from their cached context and the columns of ``A`` only, with ``P`` the exact softmax over
+  **all** keys: the paper's ``C = C_cache + P[:, A] @ dV`` (``key_correction=False``) or, the
+  default, the same update corrected for the change of ``A``'s keys (below); or exact
+  attention for every fed row (``approx_attention=False``). The new salient set is
   ``A' = {i : cos(C_i, C_cache_i) < tau}`` (strict, ``seer_kernels.cosine_saliency``). The
   output projection and the residual run for every fed row; the FFN (ffn_norm, gate/up,
   down) only for the rows in ``A'`` (gathered with ``gather_rows``), the other rows add their
@@ -21,9 +23,9 @@ The algorithm (per request, per layer ``l``, per denoising step ``t``):
   the new outputs (``scatter_rows``). ``A'`` gates layer ``l + 1``.
 
 What is exact and what is approximated: a warm-up step is the baseline. In a sparse step
-the K/V of rows outside ``A`` are the cached ones (computed from an older hidden state), with
-``approx_attention=True`` the context of non-salient query rows ignores the change of their
-attention weights (``dS ~ 0``), and rows outside ``A'`` reuse an older FFN output. With
+the K/V of rows outside ``A`` are the cached ones (computed from an older hidden state), the
+context of a non-salient query row is approximated (below), and rows outside ``A'`` reuse an
+older FFN output. With
 ``tau > 1`` every row is salient at every layer (the initial set included), so a sparse step
 computes exactly what a dense step computes (up to the summation order of the attention reference) and, with
 ``prompt_period = 1``, the output equals the baseline token for token.
@@ -49,20 +51,36 @@ packs its real rows back to back (left padding of the prompt and dead window pos
 request's own window length are excluded from the queries and from the keys) with index maps
 built once per forward.
 
-The paper's partial attention (``approx_attention=True``, the default) and exact attention
-for every fed query row (``approx_attention=False``) are both first-class: the partial
-attention saves only the ``P @ V`` half of the non-salient rows' attention (``QK^T`` over
-every key is needed for the softmax normaliser either way), which at LLaDA-8B shapes
-(d_model 4096, FFN 12288, 10% salient rows) is 2% (300 keys) to 9% (1200 keys) of a sparse
-step's multiply-accumulates, but its error feeds the saliency test downstream. Which is
-better depends on the checkpoint: on the embedded demo model the partial attention changes
-92 of 288 held-out answers (exact match 0.583 vs the baseline's 0.819; exact attention: 13
-change, 0.830, and a higher ideal speed-up, x2.59 vs x2.51), while on a random-weight
-mid-size model exact attention marks far more rows salient (ideal x3.25 vs x4.85). So, as
-for Seer, a checkpoint gets its own choice: :func:`seer_runtime.calibrate_dyllm.calibrate_dyllm`
-(``seer calibrate-dyllm``) measures tau and the attention mode on requests with their
-baseline answers and writes the cheapest configuration that keeps the accuracy within a
-tolerance; the embedded model ships its choice (``model_adapters/embedded/dyllm_config.json``).
+The attention of the rows outside the gating set, three first-class modes
+(``DyLLMConfig.attention_mode``):
+
+* ``"paper"`` (``key_correction=False``): ``C = C_cache + P[:, A] @ dV``. This accounts for
+  the change of ``A``'s values but not of their keys: ``P_new V_new - P_old V_old =
+  P_new[:, A] dV + (P_new - P_old) V_old``, and the paper drops the second term. When a
+  masked position is committed its key changes as much as its value, so on the embedded demo
+  model this changes 92 of 288 held-out answers (exact match 0.583 vs the baseline's 0.819).
+* ``"partial"`` (the default): the same columns, with the key change accounted for. With the
+  row's current query, ``C_cache`` is taken apart into the unchanged keys' part and ``A``'s old
+  part (their old keys, the cached ones before the update, and old values ``V - dV``), ``A``'s
+  part is swapped for the new one and the row renormalised (``seer_kernels.partial_attention``
+  with ``k_old``). It is exact when the row's query and the keys outside ``A`` did not change
+  since ``C_cache``, reduces to the paper's update when ``A``'s keys did not change, and costs
+  ``O(N |A| d)`` like it (scores against the old keys and one more ``P[:, A]`` product). Where
+  ``A``'s old keys held more than half of a row's attention the split is ill-conditioned and
+  the row takes the paper's update. On the embedded model: 16 of 288 answers change, exact
+  match 0.823.
+* ``"exact"`` (``approx_attention=False``): exact attention for every fed row (13 change,
+  0.830).
+
+The partial attentions save only the ``P @ V`` half of the non-salient rows' attention
+(``QK^T`` over every key is needed for the softmax normaliser either way), which at LLaDA-8B
+shapes (d_model 4096, FFN 12288, 10% salient rows) is 2% (300 keys) to 9% (1200 keys) of a
+sparse step's multiply-accumulates, but their error feeds the saliency test downstream (more
+rows turn salient). As for Seer, a checkpoint can get its own choice:
+:func:`seer_runtime.calibrate_dyllm.calibrate_dyllm` (``seer calibrate-dyllm``) measures tau
+and the attention mode on requests with their baseline answers and writes the cheapest
+configuration that keeps the accuracy within a tolerance; the embedded model ships its
+choice (``model_adapters/embedded/dyllm_config.json``).
 
 Where the sparse step's attention runs: through ``seer_kernels.partial_attention`` (or
 ``varlen_attention`` for exact attention) wherever ``seer_kernels.use_triton`` says (CUDA, the
@@ -121,14 +139,20 @@ class DyLLMConfig:
     prompt_period: without a prefix cache, the prompt is fed on steps ``t`` with
         ``t % prompt_period == 0`` and only the window on the others (1: always fed).
     approx_attention: True (the paper's, the default) approximates the rows outside the gating
-        set by ``C_cache + P[:, A] @ dV``; False gives every fed query row exact attention
-        (see the module docstring; ``seer calibrate-dyllm`` chooses per checkpoint).
+        set from their cached context and the salient columns only (``partial_attention``);
+        False gives every fed query row exact attention (see the module docstring;
+        ``seer calibrate-dyllm`` chooses per checkpoint).
+    key_correction: with ``approx_attention``, True (the default) also accounts for the change
+        of the salient rows' keys (``partial_attention(..., k_old=...)``: exact when a row's query
+        and the other keys did not change); False is the paper's ``C_cache + P[:, A] @ dV``
+        verbatim, which accounts for the change of their values only.
     """
 
     tau: float | None = None
     full_steps: int = 4
     prompt_period: int = 4
     approx_attention: bool = True
+    key_correction: bool = True
 
     def __post_init__(self) -> None:
         if self.tau is not None:
@@ -141,8 +165,17 @@ class DyLLMConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        if not isinstance(self.approx_attention, bool):
-            raise TypeError(f"approx_attention must be a bool, got {type(self.approx_attention).__name__}")
+        for name in ("approx_attention", "key_correction"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")
+
+    @property
+    def attention_mode(self) -> str:
+        """``"partial"`` (key-corrected partial attention), ``"paper"`` (the paper's partial
+        attention verbatim) or ``"exact"``."""
+        if not self.approx_attention:
+            return "exact"
+        return "partial" if self.key_correction else "paper"
 
     def tau_for(self, family: str) -> float:
         """The threshold in force for a model ``family`` ("llada" or "dream")."""
@@ -503,6 +536,8 @@ class DyLLMPolicy:
         vc = self._dy_v[i].view(-1, *self._dy_v[i].shape[2:])
         at = fw.q_cache.index_select(0, gate)
         dv = v_a - gather_rows(vc, at, n_a)
+        correct = self.dyllm.approx_attention and self.dyllm.key_correction
+        k_old = gather_rows(kc, at, n_a) if correct else None  # the salient rows' keys before the update
         scatter_rows(kc, at, n_a, k_a)
         scatter_rows(vc, at, n_a, v_a)
         pre_k = pre_v = None
@@ -518,9 +553,10 @@ class DyLLMPolicy:
             key_rows = fw.q_pk.index_select(0, gate)
             if use_triton(q):
                 ctx = partial_attention(q, keys, values, ctx_old.view(tq, heads, d), dv, fw.cu_q, fw.cu_k,
-                                        fw.max_q, fw.max_k, exact, key_rows.to(torch.int32), n_a)
+                                        fw.max_q, fw.max_k, exact, key_rows.to(torch.int32), n_a, k_old=k_old)
             else:
-                ctx = self._dy_padded_attention(q, keys, values, fw, ctx_old.view(tq, heads, d), dv, key_rows, exact)
+                ctx = self._dy_padded_attention(q, keys, values, fw, ctx_old.view(tq, heads, d), dv, key_rows, exact,
+                                                k_old=k_old)
         else:
             exact = torch.ones(tq, dtype=torch.bool, device=self.device)
             if use_triton(q):
@@ -548,15 +584,19 @@ class DyLLMPolicy:
     def _dy_padded_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, fw: _Forward,
                              ctx_cache: torch.Tensor | None = None, dv: torch.Tensor | None = None,
                              dv_key_rows: torch.Tensor | None = None,
-                             exact: torch.Tensor | None = None) -> torch.Tensor:
+                             exact: torch.Tensor | None = None, *,
+                             k_old: torch.Tensor | None = None) -> torch.Tensor:
         """The sparse step's attention on the torch path, all requests of the forward at once.
 
         q ``[Tq, H, d]`` packed queries; keys/values ``[Tk, Hk, d]`` packed per request. Without
         ``ctx_cache``: exact attention for every row (one padded SDPA). With it (DyLLM's partial
         attention, the math of ``seer_kernels.partial_attention_reference``): rows where
         ``exact`` get ``P @ V``, the others ``ctx_cache + P[:, A] @ dV``, ``P`` the softmax over
-        all keys and ``dV [n_a, Hk, d]`` placed at the packed key rows ``dv_key_rows``. fp32, as
-        the kernels' references compute; the kernels themselves run where ``use_triton`` says.
+        all keys and ``dV [n_a, Hk, d]`` placed at the packed key rows ``dv_key_rows``; with
+        ``k_old [n_a, Hk, d]`` (the keys of those rows before the update) the others get the
+        key-corrected update of ``partial_attention(..., k_old=...)``, with its fallback to the
+        paper's update where the salient keys held most of the row's old attention. fp32, as the
+        kernels' references compute; the kernels themselves run where ``use_triton`` says.
         """
         qp = q.float()[fw.q_pad].transpose(1, 2)  # [R, H, max_q, d]
         kp = keys.float()[fw.k_pad].transpose(1, 2)  # [R, Hk, max_k, d]
@@ -566,16 +606,62 @@ class DyLLMPolicy:
             out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=key_mask, enable_gqa=kp.shape[1] != qp.shape[1])
             return out.transpose(1, 2)[fw.q_pad_mask].to(q.dtype)
         group = qp.shape[1] // kp.shape[1]
-        dv_full = keys.new_zeros(keys.shape, dtype=torch.float32)
-        dv_full.index_copy_(0, dv_key_rows, dv.float())
-        dvp = dv_full[fw.k_pad].transpose(1, 2)
         if group > 1:
-            kp, vp, dvp = (t.repeat_interleave(group, dim=1) for t in (kp, vp, dvp))
-        scores = (qp @ kp.transpose(-1, -2)) * qp.shape[-1] ** -0.5
-        probs = torch.softmax(scores.masked_fill(~key_mask, float("-inf")), dim=-1)
+            kp, vp = kp.repeat_interleave(group, dim=1), vp.repeat_interleave(group, dim=1)
+        scale = qp.shape[-1] ** -0.5
+        scores = ((qp @ kp.transpose(-1, -2)) * scale).masked_fill(~key_mask, float("-inf"))
         cache = ctx_cache.float()[fw.q_pad].transpose(1, 2)
         exact_pad = exact[fw.q_pad] & fw.q_pad_mask
-        out = torch.where(exact_pad[:, None, :, None], probs @ vp, cache + probs @ dvp)
+        if k_old is None:
+            dv_full = keys.new_zeros(keys.shape, dtype=torch.float32)
+            dv_full.index_copy_(0, dv_key_rows, dv.float())
+            dvp = dv_full[fw.k_pad].transpose(1, 2)
+            if group > 1:
+                dvp = dvp.repeat_interleave(group, dim=1)
+            probs = torch.softmax(scores, dim=-1)
+            out = torch.where(exact_pad[:, None, :, None], probs @ vp, cache + probs @ dvp)
+            return out.transpose(1, 2)[fw.q_pad_mask].to(q.dtype)
+        from seer_kernels.partial_attn import KEY_CORRECTION_MAX_EXPONENT, KEY_CORRECTION_MAX_OLD_MASS
+
+        # A's keys laid out per request: [R, max_a] slots holding each one's column in the padded keys
+        n_a = dv_key_rows.numel()
+        cu_k = fw.cu_k.long()
+        req = torch.searchsorted(cu_k[1:], dv_key_rows, right=True)  # ascending rows -> their request
+        counts = torch.bincount(req, minlength=qp.shape[0])
+        slot = torch.arange(n_a, device=q.device) - (counts.cumsum(0) - counts)[req]
+        max_a = int(counts.max()) if n_a else 0
+        col = torch.zeros(qp.shape[0], max_a, dtype=torch.long, device=q.device)
+        a_mask = torch.zeros(qp.shape[0], max_a, dtype=torch.bool, device=q.device)
+        col[req, slot] = dv_key_rows - cu_k[req]
+        a_mask[req, slot] = True
+
+        def per_request(rows: torch.Tensor) -> torch.Tensor:  # [n_a, Hk, d] -> [R, H, max_a, d]
+            out = rows.new_zeros((qp.shape[0], max_a, *rows.shape[1:]), dtype=torch.float32)
+            out[req, slot] = rows.float()
+            out = out.transpose(1, 2)
+            return out.repeat_interleave(group, dim=1) if group > 1 else out
+
+        k_old_a, dv_a = per_request(k_old), per_request(dv)
+        v_old_a = per_request(values.index_select(0, dv_key_rows)) - dv_a
+        # the old keys' weights against the row's max new score m (their exponents clamped: a row
+        # with a clamped one falls back to the paper's update), normalised by the new keys' sum,
+        # 1 / l_new = the largest probability (the weight exp(m - m) = 1 over l_new)
+        probs = torch.softmax(scores, dim=-1)
+        inv_l_new = probs.amax(-1, keepdim=True)
+        a_cols = ~a_mask[:, None, None, :]
+        p_new_a = probs.gather(-1, col[:, None, None, :].expand(*probs.shape[:3], max_a)).masked_fill(a_cols, 0.0)
+        gap = (qp @ k_old_a.transpose(-1, -2)) * scale - scores.amax(-1, keepdim=True)
+        gap = gap.masked_fill(a_cols, float("-inf"))
+        p_old_a = torch.exp(gap.clamp(max=KEY_CORRECTION_MAX_EXPONENT)) * inv_l_new
+        old_mass = p_old_a.sum(-1, keepdim=True)
+        l_ratio = 1.0 - p_new_a.sum(-1, keepdim=True) + old_mass  # l_old / l_new
+        upd = p_new_a @ dv_a  # the paper's P[:, A] @ dV
+        corrected = l_ratio * cache + upd + (p_new_a - p_old_a) @ v_old_a
+        use = old_mass <= KEY_CORRECTION_MAX_OLD_MASS * l_ratio
+        if max_a:
+            use &= gap.amax(-1, keepdim=True) <= KEY_CORRECTION_MAX_EXPONENT
+        approx = torch.where(use, corrected, cache + upd)
+        out = torch.where(exact_pad[:, None, :, None], probs @ vp, approx)
         return out.transpose(1, 2)[fw.q_pad_mask].to(q.dtype)
 
     # -- statistics ----------------------------------------------------------------------------
@@ -597,9 +683,11 @@ class DyLLMPolicy:
         b_r = torch.bincount(fw.q_row.index_select(0, sal), minlength=R).double()
         e_r = torch.bincount(fw.q_row[exact], minlength=R).double()
         nq, nk = fw.nq_r, fw.nk_r
+        approx_cost = 3 if self.dyllm.approx_attention and self.dyllm.key_correction else 1
         macs = (nq * (2 * d["D"] * d["Hd"]) + a_r * (2 * d["D"] * d["Hkd"]) + b_r * (3 * d["D"] * d["I"])
                 + nq * nk * d["Hd"]  # QK^T: every (query, key) pair, the softmax normaliser needs them all
-                + (e_r * nk + (nq - e_r) * a_r) * d["Hd"])  # P @ V for exact rows, P[:, A] @ dV for the others
+                + (e_r * nk + (nq - e_r) * a_r * approx_cost) * d["Hd"])  # P @ V for exact rows, P[:, A] @ dV
+        # for the others (the key correction adds their scores against A's old keys and a P[:, A] @ V_old)
         union = torch.zeros(fw.tq, dtype=torch.bool, device=self.device)
         union[gate] = True
         union[sal] = True
@@ -651,6 +739,7 @@ class DyLLMPolicy:
             "full_steps": self.dyllm.full_steps,
             "prompt_period": self.dyllm.prompt_period,
             "approx_attention": self.dyllm.approx_attention,
+            "key_correction": self.dyllm.key_correction,
             "forwards": {m: sum(r["mode"] == m for r in recs) for m in ("full", "prompt", "response")},
             "salient_fraction": (sum(sum(r["ffn_computed"]) for r in sparse) / fed_sparse) if fed_sparse else None,
             "salient_fraction_per_layer": per_layer,

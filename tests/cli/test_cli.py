@@ -128,7 +128,7 @@ def test_calibrate_dyllm_a_checkpoint_from_jsonl(tmp_path, capsys):
     assert cfg.full_steps == 2 and cfg.prompt_period == 4
     record = json.loads(out.read_text())["calibration"]
     assert record["requests"] == 4 and record["max_drop"] == 0.5 and record["within_tolerance"]
-    assert len(record["candidates"]) == 8  # 4 taus (0.99 among them) x 2 attention modes
+    assert len(record["candidates"]) == 12  # 4 taus (0.99 among them) x 3 attention modes
     assert cfg.to_dict() in [c["config"] for c in record["candidates"]]
     rc = main(["generate", "--model", str(ckpt), "--prompt", "w1", "--gen-length", "8", "--dyllm", str(out)])
     assert rc == 0

@@ -54,9 +54,10 @@ def test_calibrate_on_a_tiny_model(kind, tmp_path):
     logs = []
     out = calibrate_dyllm(model, requests, gen, taus=(0.98,), full_steps=2, batch_size=2, log=logs.append)
     default_tau = 0.99 if model.family == "llada" else 0.995
-    got = [(c["config"]["tau"], c["config"]["approx_attention"]) for c in out["candidates"]]
-    assert got == [(default_tau, True), (0.98, True), (0.98, False), (default_tau, False)]
-    assert out["candidates"][0]["config"] == DyLLMConfig.for_model(model, full_steps=2).to_dict()  # the paper's first
+    got = [(c["config"]["tau"], DyLLMConfig.from_dict(c["config"]).attention_mode) for c in out["candidates"]]
+    assert got == [(default_tau, "partial"), (0.98, "partial"), (0.98, "paper"), (default_tau, "paper"),
+                   (0.98, "exact"), (default_tau, "exact")]
+    assert out["candidates"][0]["config"] == DyLLMConfig.for_model(model, full_steps=2).to_dict()  # the defaults first
     assert out["baseline"]["exact_match"] == 1.0  # no references: agreement with the baseline
     for c in out["candidates"]:
         assert c["accuracy"] == pytest.approx(1.0 - c["changed"] / len(requests)) and c["ideal_speedup"] > 0

@@ -14,7 +14,9 @@ import torch.nn.functional as F
 
 import model_adapters as ma
 import seer_kernels
+from seer_kernels.partial_attn import KEY_CORRECTION_MAX_EXPONENT, KEY_CORRECTION_MAX_OLD_MASS
 from seer_runtime import DyLLMConfig, GenerationConfig, generate
+from seer_runtime.calibrate_dyllm import ATTENTION_MODES
 from seer_runtime.dyllm import DyLLMPolicy
 from seer_runtime.evaluate import pad_left
 from seer_runtime.layout import PaddedLayout
@@ -108,11 +110,11 @@ def _rope(x, cos, sin, full):
     return x * cos.to(x.dtype) + rot(x) * sin.to(x.dtype)
 
 
-def oracle_layer(run, i, hidden, caches, gate_rows, fw_offset, rows, prefix, tau, paper=True):
+def oracle_layer(run, i, hidden, caches, gate_rows, fw_offset, rows, prefix, tau, mode="partial"):
     """The algorithm restated per request on the padded layout (attention in float64, no packing).
 
-    paper: the paper's partial attention for the rows outside the gating set (the default);
-    False: exact attention for every fed row."""
+    mode: the attention of the rows outside the gating set: "partial" (the key-corrected
+    update, the default), "paper" (``C_cache + P[:, A] dV``) or "exact"."""
     model, blk = run.model, run.model.block(i)
     K, V, C, Fc = (t.clone().double() for t in caches)
     out = hidden.clone()
@@ -133,7 +135,7 @@ def oracle_layer(run, i, hidden, caches, gate_rows, fw_offset, rows, prefix, tau
         q = _rope(q, cos, sin, model.rope_full_precision).double()
         k = _rope(k, cos, sin, model.rope_full_precision).double()
         a = torch.tensor(sorted(gate_rows[r]), dtype=torch.long)  # indices into `fed`
-        v_old = V[b, coord[a]].clone()
+        k_old, v_old = K[b, coord[a]].clone(), V[b, coord[a]].clone()
         K[b, coord[a]], V[b, coord[a]] = k[a], v.double()[a]
         real_keys = torch.cat([pm, torch.arange(run._dy_cap) < wl]) if pre else torch.arange(run._dy_cap) < wl
         kk, vv = K[b, real_keys], V[b, real_keys]
@@ -144,13 +146,30 @@ def oracle_layer(run, i, hidden, caches, gate_rows, fw_offset, rows, prefix, tau
             kk, vv = torch.cat([pk[real], kk]), torch.cat([pv[real], vv])
         group = q.shape[1] // kk.shape[1]
         kk, vv = kk.repeat_interleave(group, 1), vv.repeat_interleave(group, 1)
-        p = torch.softmax(torch.einsum("qhd,khd->hqk", q, kk) / math.sqrt(q.shape[-1]), -1)
+        scale = 1 / math.sqrt(q.shape[-1])
+        scores = torch.einsum("qhd,khd->hqk", q, kk) * scale
+        p = torch.softmax(scores, -1)
         exact = torch.einsum("hqk,khd->qhd", p, vv).reshape(len(fed), -1)
         key_index = torch.cumsum(real_keys.long(), 0) - 1 + (kk.shape[0] - int(real_keys.sum()))
+        cols = key_index[coord[a]]
         dv = (V[b, coord[a]] - v_old).repeat_interleave(group, 1)
         old = C[b, coord]
-        approx = old + torch.einsum("hqa,ahd->qhd", p[:, :, key_index[coord[a]]], dv).reshape(len(fed), -1)
-        ctx = approx.clone() if paper else exact.clone()
+        approx = old + torch.einsum("hqa,ahd->qhd", p[:, :, cols], dv).reshape(len(fed), -1)
+        if mode == "partial" and len(a):  # take the old salient part out of the cache, put the new one in
+            m = scores.amax(-1, keepdim=True)
+            e = torch.exp(scores - m)
+            l_new, e_new = e.sum(-1), e[:, :, cols]  # [H, q], [H, q, |a|]
+            gap = torch.einsum("qhd,ahd->hqa", q, k_old.repeat_interleave(group, 1)) * scale - m
+            e_old = torch.exp(gap.clamp(max=KEY_CORRECTION_MAX_EXPONENT))
+            l_old = l_new - e_new.sum(-1) + e_old.sum(-1)
+            old_h = old.view(len(fed), q.shape[1], -1).transpose(0, 1)  # [H, q, d]
+            corrected = (l_old[..., None] * old_h + torch.einsum("hqa,ahd->hqd", e_new, vv[cols])
+                         - torch.einsum("hqa,ahd->hqd", e_old, v_old.repeat_interleave(group, 1))) / l_new[..., None]
+            use = ((e_old.sum(-1) <= KEY_CORRECTION_MAX_OLD_MASS * l_old)
+                   & (gap.amax(-1) <= KEY_CORRECTION_MAX_EXPONENT))[..., None]
+            approx = torch.where(use, corrected, approx.view(len(fed), q.shape[1], -1).transpose(0, 1))
+            approx = approx.transpose(0, 1).reshape(len(fed), -1)
+        ctx = exact.clone() if mode == "exact" else approx.clone()
         ctx[a] = exact[a]
         sim = F.cosine_similarity(ctx, old, dim=-1)
         sal = (sim < tau).nonzero().flatten()
@@ -164,16 +183,18 @@ def oracle_layer(run, i, hidden, caches, gate_rows, fw_offset, rows, prefix, tau
     return out, salient, (K, V, C, Fc)
 
 
-@pytest.mark.parametrize("kind,period,approx", [("llada-8b-instruct", 1, True), ("llada-8b-instruct", 3, True),
-                                                ("dream-v0-instruct-7b", 3, True), ("lavida-llada", 1, True),
-                                                ("llada-8b-instruct", 3, False), ("dream-v0-instruct-7b", 1, False)])
-def test_sparse_layer_matches_a_per_request_oracle(kind, period, approx, monkeypatch):
-    """tau < 1: gated K/V, attention (the paper's partial or exact), saliency and FFN reuse
-    against a float64 restatement."""
+@pytest.mark.parametrize("kind,period,mode", [("llada-8b-instruct", 1, "partial"), ("llada-8b-instruct", 3, "partial"),
+                                              ("dream-v0-instruct-7b", 3, "partial"), ("lavida-llada", 1, "partial"),
+                                              ("llada-8b-instruct", 3, "paper"), ("dream-v0-instruct-7b", 3, "paper"),
+                                              ("llada-8b-instruct", 3, "exact"), ("dream-v0-instruct-7b", 1, "exact")])
+def test_sparse_layer_matches_a_per_request_oracle(kind, period, mode, monkeypatch):
+    """tau < 1: gated K/V, attention (key-corrected partial, the paper's partial or exact),
+    saliency and FFN reuse against a float64 restatement."""
     model = tiny(kind)
     ids, mask, images = batch(model)
     tau = 0.99
-    cfg = DyLLMConfig(tau=tau, full_steps=2, prompt_period=period, approx_attention=approx)
+    cfg = DyLLMConfig(tau=tau, full_steps=2, prompt_period=period, **ATTENTION_MODES[mode])
+    assert cfg.attention_mode == mode
     run = build_run(model, ids, mask, images, gen_for(model), dyllm=cfg)
     seen, history, state = [], {}, {}
     original, original_forward = DyLLMPolicy._dy_sparse_layer, DyLLMPolicy.forward
@@ -197,7 +218,7 @@ def test_sparse_layer_matches_a_per_request_oracle(kind, period, approx, monkeyp
         starts = fw.cu_q[:-1].long()
         gate = [(fw.gate[qrow[fw.gate] == r] - starts[r]).tolist() for r in range(len(fw.rows))]
         caches = [t[i].clone() for t in (self._dy_k, self._dy_v, self._dy_c, self._dy_f)]
-        want = oracle_layer(self, i, hidden, caches, gate, fw.offset, fw.rows, prefix, tau, approx)
+        want = oracle_layer(self, i, hidden, caches, gate, fw.offset, fw.rows, prefix, tau, mode)
         n_in = fw.gate.numel()
         got = original(self, i, hidden, prefix, fw)
         seen.append((fw.mode, got, want, n_in, fw.gate.clone(), qrow, starts, [t[i].clone() for t in (
@@ -224,13 +245,13 @@ def test_sparse_layer_matches_a_per_request_oracle(kind, period, approx, monkeyp
             skipped += len(sim) - len(sal)
         approximated += qrow.numel() - n_in
     assert skipped > 0  # the FFN reuse did run
-    assert approximated > 0  # query rows outside the gating set ran (partial attention when approx)
+    assert approximated > 0  # query rows outside the gating set ran (partial attention unless exact)
 
 
 @pytest.mark.interpreter
-@pytest.mark.parametrize("kind,approx", [("llada-8b-instruct", True), ("lavida-dream", True),
-                                         ("dream-v0-instruct-7b", False)])
-def test_triton_kernels_in_the_interpreter_agree_with_the_references(kind, approx):
+@pytest.mark.parametrize("kind,mode", [("llada-8b-instruct", "partial"), ("lavida-dream", "partial"),
+                                       ("llada-8b-instruct", "paper"), ("dream-v0-instruct-7b", "exact")])
+def test_triton_kernels_in_the_interpreter_agree_with_the_references(kind, mode):
     """The Triton path of every DyLLM op (as on a GPU) with this policy's shapes, strides and index maps
     (exact attention: the varlen kernel against the padded torch attention)."""
     from seer_kernels import kernel_backend
@@ -238,7 +259,7 @@ def test_triton_kernels_in_the_interpreter_agree_with_the_references(kind, appro
     model = tiny(kind)
     ids, mask = torch.tensor([[251, 5, 6, 7], [8, 9, 10, 11]]), torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
     gen = gen_for(model, length=6 if model.family == "dream" else 8)
-    cfg = DyLLMConfig(full_steps=1, prompt_period=2, approx_attention=approx)
+    cfg = DyLLMConfig(full_steps=1, prompt_period=2, **ATTENTION_MODES[mode])
     ref = generate(model, ids, attention_mask=mask, gen=gen, dyllm=cfg)
     with kernel_backend("triton"):
         tri = generate(model, ids, attention_mask=mask, gen=gen, dyllm=cfg)
@@ -264,7 +285,7 @@ def test_defaults_finish_with_savings(kind):
     # some sparse forward skips rows (on these random tiny models a forward may find every row salient)
     assert st["salient_fraction"] < 1 and any(min(r["salient_fraction"]) < 1 for r in sparse)
     assert 0 < st["ideal_flop_ratio"] < 1 and st["ffn_skipped"] > 0
-    assert st["approx_attention"] is True and st["attn_approx"] > 0  # the paper's partial attention
+    assert st["approx_attention"] is True and st["key_correction"] is True and st["attn_approx"] > 0
     assert st["tokens_computed"] < st["tokens_computed_dense"]
     for r in st["steps"]:
         for layer in range(model.num_layers):
@@ -276,24 +297,32 @@ def test_defaults_finish_with_savings(kind):
 
 
 @pytest.mark.parametrize("kind", ["llada-8b-instruct", "lavida-dream"])
-def test_exact_attention_and_the_papers_partial_attention(kind):
-    """approx_attention=True (default): the rows outside the gating set get C_cache + P[:, A] dV;
-    False: every fed row gets exact attention. Both finish; the statistics say which ran."""
+def test_the_three_attention_modes(kind):
+    """The rows outside the gating set: key-corrected partial attention (default), the paper's
+    C_cache + P[:, A] dV, or exact attention for every fed row. All finish; the statistics say
+    which ran, and the corrected update costs more multiply-accumulates than the paper's."""
     model = tiny(kind)
     ids, mask, images = batch(model)
     gen = gen_for(model, length=16)
-    paper = generate(model, ids, attention_mask=mask, images=images, gen=gen, dyllm=DyLLMConfig.for_model(model))
-    exact = generate(model, ids, attention_mask=mask, images=images, gen=gen,
-                     dyllm=DyLLMConfig.for_model(model, approx_attention=False))
-    for out in (paper, exact):
+    outs = {mode: generate(model, ids, attention_mask=mask, images=images, gen=gen,
+                           dyllm=DyLLMConfig.for_model(model, **fields))
+            for mode, fields in ATTENTION_MODES.items()}
+    assert DyLLMConfig().attention_mode == "partial"
+    for mode, out in outs.items():
+        st = out.stats.extra["dyllm"]
         assert not (out.responses == model.token_ids.mask).any()
-    assert paper.stats.extra["dyllm"]["attn_approx"] > 0
-    assert exact.stats.extra["dyllm"]["approx_attention"] is False and exact.stats.extra["dyllm"]["attn_approx"] == 0
-    # exact attention exactly for the gating set (the paper) or for every fed row
-    for r in sparse_records(paper):
-        assert r["attn_exact"] == r["gating"] and r["attn_approx"] == [r["fed"] - g for g in r["gating"]]
-    for r in sparse_records(exact):
-        assert r["attn_exact"] == [r["fed"]] * model.num_layers
+        assert (st["approx_attention"], st["key_correction"]) == tuple(ATTENTION_MODES[mode].values())
+        for r in sparse_records(out):  # exact attention exactly for the gating set or for every fed row
+            if mode == "exact":
+                assert r["attn_exact"] == [r["fed"]] * model.num_layers
+            else:
+                assert r["attn_exact"] == r["gating"] and r["attn_approx"] == [r["fed"] - g for g in r["gating"]]
+    assert outs["partial"].stats.extra["dyllm"]["attn_approx"] > 0
+    assert outs["exact"].stats.extra["dyllm"]["attn_approx"] == 0
+    # one sparse forward with the same gating: the correction's extra scores and product show in the count
+    part, pap = sparse_records(outs["partial"])[0], sparse_records(outs["paper"])[0]
+    if part["gating"] == pap["gating"] and part["ffn_computed"] == pap["ffn_computed"]:
+        assert part["macs"] > pap["macs"]
 
 
 # ------------------------------------------------------------------------------------ response-only steps
@@ -356,9 +385,9 @@ def test_seer_dyllm_prefix_cache_compose(kind, cache, plant, monkeypatch):
     st = dy.stats.extra["dyllm"]
     assert min(r["rows"] for r in st["steps"]) < 3  # requests left the forward when done
     assert st["forwards"]["full"] == 1 and len(st["steps"]) > 3
-    # the defaults compose too, and so does exact attention
+    # the defaults compose too, and so do the paper's partial attention and exact attention
     ids, mask, images = batch(model)
-    for cfg in (DyLLMConfig(), DyLLMConfig(approx_attention=False)):
+    for cfg in (DyLLMConfig(**fields) for fields in ATTENTION_MODES.values()):
         out = generate(model, ids, attention_mask=mask, images=images, gen=gen, seer=seer, dyllm=cfg)
         seer_stats, st = out.stats.extra["seer"], out.stats.extra["dyllm"]
         for b, n in enumerate(seer_stats["final_window"]):
@@ -387,7 +416,7 @@ def test_seer_router_dyllm_compose(kind, plant):
         steps = out.stats.extra["dyllm"]["steps"]
         per_step = len(steps) / (max(r["step"] for r in steps) + 1)
         assert per_step == 1 if grouping == "single" else per_step > 1
-        for cfg in (DyLLMConfig(), DyLLMConfig(approx_attention=False)):
+        for cfg in (DyLLMConfig(**fields) for fields in ATTENTION_MODES.values()):
             out = generate(model, ids, attention_mask=mask, gen=gen, seer=seer, router=router, dyllm=cfg)
             for b, n in enumerate(out.stats.extra["seer"]["final_window"]):
                 assert not (out.responses[b, :n] == model.token_ids.mask).any()
@@ -430,6 +459,7 @@ def test_seer_cut_slices_the_caches(plant):
     (lambda: DyLLMConfig(full_steps=0), ValueError, "full_steps must be an int >= 1"),
     (lambda: DyLLMConfig(prompt_period=1.5), ValueError, "prompt_period must be an int >= 1"),
     (lambda: DyLLMConfig(approx_attention=1), TypeError, "approx_attention must be a bool"),
+    (lambda: DyLLMConfig(key_correction="yes"), TypeError, "key_correction must be a bool"),
     (lambda: DyLLMConfig.from_dict({"tau": 0.9, "threshold": 1}), ValueError, "unknown DyLLMConfig fields"),
 ])
 def test_bad_config(make, err, match):
@@ -441,6 +471,9 @@ def test_config_round_trip_and_defaults(tmp_path):
     cfg = DyLLMConfig(tau=0.98, full_steps=2, prompt_period=3, approx_attention=False)
     cfg.to_json(tmp_path / "d.json")
     assert DyLLMConfig.from_json(tmp_path / "d.json") == cfg
+    paper = DyLLMConfig(key_correction=False)
+    assert DyLLMConfig.from_dict(paper.to_dict()) == paper and paper.attention_mode == "paper"
+    assert cfg.attention_mode == "exact" and DyLLMConfig().attention_mode == "partial"
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.tau = 0.5
     assert DyLLMConfig().tau is None and DyLLMConfig().tau_for("dream") == 0.995

@@ -269,7 +269,8 @@ def test_shipped_dyllm_config_is_the_calibrated_choice():
     cands = [{**c, "config": DyLLMConfig.from_dict(c["config"])} for c in record["candidates"]]
     best, within = choose(cands, record["baseline"]["exact_match"], record["max_drop"])
     assert cfg == best["config"] and within == record["within_tolerance"]
-    assert {(c["config"].tau, c["config"].approx_attention) for c in cands} >= {(0.99, True), (0.99, False)}
+    assert {(c["config"].tau, c["config"].attention_mode) for c in cands} >= {
+        (0.99, "partial"), (0.99, "paper"), (0.99, "exact")}
 
 
 def test_calibration_jsonl_round_trips(tmp_path):
