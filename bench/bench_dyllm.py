@@ -48,6 +48,7 @@ MID = dict(d_model=1024, n_heads=16, n_kv_heads=16, n_layers=4, mlp_hidden_size=
 CONFIGS = [
     ("baseline", None),
     ("DyLLM defaults", DyLLMConfig()),
+    ("DyLLM paper's partial attention", DyLLMConfig(key_correction=False)),
     ("DyLLM exact attention", DyLLMConfig(approx_attention=False)),
     ("DyLLM prompt every step", DyLLMConfig(prompt_period=1)),
     ("DyLLM tau 1.01 (all salient)", DyLLMConfig(tau=1.01, prompt_period=1)),

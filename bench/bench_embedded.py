@@ -8,9 +8,10 @@ batch so every configuration sees the same machine load. Run:
 (the CI smoke run, with --benchmark-disable, decodes one batch of 4.) Printed: answer tok/s,
 mean latency, tokens computed (positions x layers), exact match, measured speed-up over the
 baseline beside the ideal one (the tokens-computed ratio; for DyLLM also the layer-FLOP ratio
-from the measured salient fractions). DyLLM twice: the paper's defaults (tau 0.99, partial
-attention) and the configuration ``seer calibrate-dyllm`` chose for the shipped weights
-(``model_adapters/embedded/dyllm_config.json``).
+from the measured salient fractions). DyLLM three times: the defaults (the paper's tau 0.99,
+warm-up 4, prompt period 4, with the key-corrected partial attention), the same with the
+paper's partial attention verbatim, and the configuration ``seer calibrate-dyllm`` chose for
+the shipped weights (``model_adapters/embedded/dyllm_config.json``).
 """
 
 from __future__ import annotations
@@ -35,14 +36,16 @@ def test_embedded_methods(benchmark):
     requests, _ = serving.demo_requests(n, tok)
     gen = serving.demo_generation_config()
     seer = serving.default_seer_config()
-    paper = DyLLMConfig.for_model(model)
+    defaults = DyLLMConfig.for_model(model)
+    paper = defaults.replace(key_correction=False)
     calibrated = serving.default_dyllm_config()
     configs = {
         "baseline": {},
-        "dyllm (the paper's defaults)": {"dyllm": paper},
+        "dyllm (defaults)": {"dyllm": defaults},
+        "dyllm (the paper's partial attention)": {"dyllm": paper},
         "dyllm (calibrated for the checkpoint)": {"dyllm": calibrated},
         "seer": {"seer": seer},
-        "seer+dyllm (paper)": {"seer": seer, "dyllm": paper},
+        "seer+dyllm (defaults)": {"seer": seer, "dyllm": defaults},
         "seer+dyllm (calibrated)": {"seer": seer, "dyllm": calibrated},
         "seer+router": {"seer": seer, "router": RouterConfig.for_window(gen.gen_length, max_batch=bs)},
     }
