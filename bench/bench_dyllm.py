@@ -6,8 +6,10 @@ per step, one block; the smoke run with ``--benchmark-disable`` uses prompt 16, 
 Configurations, timed in alternation (these machines are noisy):
 
 * baseline - the plain engine;
-* DyLLM defaults - tau 0.99, 4 warm-up steps, prompt fed every 4th step, the paper's partial
-  attention (``C_cache + P[:, A] @ dV`` for the rows outside the gating set);
+* DyLLM defaults - tau 0.99, 4 warm-up steps, prompt fed every 4th step, the key-corrected
+  partial attention for the rows outside the gating set;
+* DyLLM paper's partial attention - the same with ``C_cache + P[:, A] @ dV`` verbatim
+  (``key_correction=False``);
 * DyLLM exact attention - the same with exact attention for every fed row;
 * DyLLM prompt every step - the saliency gating alone (no response-only steps);
 * DyLLM tau 1.01 - every row salient: the cost of the sparse machinery when nothing is skipped.

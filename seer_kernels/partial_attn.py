@@ -62,9 +62,8 @@ KEY_CORRECTION_MAX_OLD_MASS = 0.5
 # Old scores are clamped at the row's max new score + this many base-2 units (``e_old <= 2**15``
 # keeps ``e_new - e_old`` finite in fp16 for the dot), and a row with a clamped score falls back:
 # its old mass is then over 0.5 anyway unless its sequence has more than 2**15 unchanged keys.
+# (torch code: natural-log units, ``KEY_CORRECTION_MAX_GAP_LOG2 * math.log(2)``, read at call time)
 KEY_CORRECTION_MAX_GAP_LOG2 = 15.0
-#: the same clamp in natural-log units (torch code: ``exp(min(s_old - m, this))``)
-KEY_CORRECTION_MAX_EXPONENT = KEY_CORRECTION_MAX_GAP_LOG2 / _LOG2E
 
 
 @triton.jit
@@ -530,7 +529,7 @@ def _key_correction(paper, qn, kb, v_a, k_new_a, k_old_a, dv_a, cache, scale):
     # new and old salient scores from matmuls of the same shape (equal keys give equal bits)
     e_new = torch.exp(qn @ k_new_a.transpose(1, 2) * scale - m)
     gap = qn @ k_old_a.transpose(1, 2) * scale - m
-    gap_max = KEY_CORRECTION_MAX_GAP_LOG2 / _LOG2E  # the kernel's clamp, in natural units
+    gap_max = KEY_CORRECTION_MAX_GAP_LOG2 * math.log(2)  # the kernel's clamp, in natural units
     e_old = torch.exp(gap.clamp(max=gap_max))
     dp = e_new - e_old
     v_old = v_a - dv_a

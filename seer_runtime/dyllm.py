@@ -63,12 +63,14 @@ The attention of the rows outside the gating set, three first-class modes
   row's current query, ``C_cache`` is taken apart into the unchanged keys' part and ``A``'s old
   part (their old keys, the cached ones before the update, and old values ``V - dV``), ``A``'s
   part is swapped for the new one and the row renormalised (``seer_kernels.partial_attention``
-  with ``k_old``). It is exact when the row's query and the keys outside ``A`` did not change
-  since ``C_cache``, reduces to the paper's update when ``A``'s keys did not change, and costs
-  ``O(N |A| d)`` like it (scores against the old keys and one more ``P[:, A]`` product). Where
-  ``A``'s old keys held more than half of a row's attention the split is ill-conditioned and
-  the row takes the paper's update. On the embedded model: 16 of 288 answers change, exact
-  match 0.823.
+  with ``k_old``). It is exact when the row's query, the keys and values outside ``A`` and
+  ``A``'s cached keys and values are the ones ``C_cache`` was computed with (a prompt row's
+  context, refreshed only every ``prompt_period`` steps, is older than that), reduces to the
+  paper's update when ``A``'s keys did not change, and costs ``O(N |A| d)`` like it (scores
+  against the old keys and one more ``P[:, A]`` product). Where ``A``'s old keys held more than
+  half of a row's attention the split is ill-conditioned and the row takes the paper's update
+  (so every row of a request whose keys are all in ``A`` does). On the embedded model: 17 of
+  288 answers change, exact match 0.819 (the baseline's).
 * ``"exact"`` (``approx_attention=False``): exact attention for every fed row (13 change,
   0.830).
 
@@ -138,14 +140,17 @@ class DyLLMConfig:
     full_steps: warm-up steps computed in full (>= 1: the caches must be filled first).
     prompt_period: without a prefix cache, the prompt is fed on steps ``t`` with
         ``t % prompt_period == 0`` and only the window on the others (1: always fed).
-    approx_attention: True (the paper's, the default) approximates the rows outside the gating
-        set from their cached context and the salient columns only (``partial_attention``);
+    approx_attention: True (the default) approximates the rows outside the gating set from
+        their cached context and the salient columns only (``partial_attention``; the paper's
+        update together with ``key_correction=False``);
         False gives every fed query row exact attention (see the module docstring;
         ``seer calibrate-dyllm`` chooses per checkpoint).
     key_correction: with ``approx_attention``, True (the default) also accounts for the change
-        of the salient rows' keys (``partial_attention(..., k_old=...)``: exact when a row's query
-        and the other keys did not change); False is the paper's ``C_cache + P[:, A] @ dV``
-        verbatim, which accounts for the change of their values only.
+        of the salient rows' keys (``partial_attention(..., k_old=...)``; see the module
+        docstring for when it is exact); False is the paper's ``C_cache + P[:, A] @ dV``
+        verbatim, which accounts for the change of their values only. A JSON file without this
+        field but with a ``calibration`` record (``seer calibrate-dyllm`` before the field
+        existed) measured the paper's update, so it loads with False.
     """
 
     tau: float | None = None
@@ -210,10 +215,13 @@ class DyLLMConfig:
     @classmethod
     def from_dict(cls, data: dict) -> DyLLMConfig:
         """The fields of ``data``; a ``calibration`` record (``seer calibrate-dyllm``) is skipped,
-        any other unknown key is an error."""
+        any other unknown key is an error. A calibrated record without ``key_correction`` was
+        written before that field existed and measured the paper's update: it loads with False."""
         if not isinstance(data, dict):
             raise TypeError(f"a DyLLMConfig must be read from a JSON object, got {type(data).__name__}")
         known = {f.name for f in fields(cls)}
+        if "calibration" in data and "key_correction" not in data:  # calibrated before the field existed
+            data = {**data, "key_correction": False}
         data = {k: v for k, v in data.items() if k != "calibration"}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -621,7 +629,9 @@ class DyLLMPolicy:
             probs = torch.softmax(scores, dim=-1)
             out = torch.where(exact_pad[:, None, :, None], probs @ vp, cache + probs @ dvp)
             return out.transpose(1, 2)[fw.q_pad_mask].to(q.dtype)
-        from seer_kernels.partial_attn import KEY_CORRECTION_MAX_EXPONENT, KEY_CORRECTION_MAX_OLD_MASS
+        from seer_kernels.partial_attn import KEY_CORRECTION_MAX_GAP_LOG2, KEY_CORRECTION_MAX_OLD_MASS
+
+        max_exponent = KEY_CORRECTION_MAX_GAP_LOG2 * math.log(2)  # the kernel's clamp, natural units
 
         # A's keys laid out per request: [R, max_a] slots holding each one's column in the padded keys
         n_a = dv_key_rows.numel()
@@ -652,14 +662,14 @@ class DyLLMPolicy:
         p_new_a = probs.gather(-1, col[:, None, None, :].expand(*probs.shape[:3], max_a)).masked_fill(a_cols, 0.0)
         gap = (qp @ k_old_a.transpose(-1, -2)) * scale - scores.amax(-1, keepdim=True)
         gap = gap.masked_fill(a_cols, float("-inf"))
-        p_old_a = torch.exp(gap.clamp(max=KEY_CORRECTION_MAX_EXPONENT)) * inv_l_new
+        p_old_a = torch.exp(gap.clamp(max=max_exponent)) * inv_l_new
         old_mass = p_old_a.sum(-1, keepdim=True)
         l_ratio = 1.0 - p_new_a.sum(-1, keepdim=True) + old_mass  # l_old / l_new
         upd = p_new_a @ dv_a  # the paper's P[:, A] @ dV
         corrected = l_ratio * cache + upd + (p_new_a - p_old_a) @ v_old_a
-        use = old_mass <= KEY_CORRECTION_MAX_OLD_MASS * l_ratio
+        use = (l_ratio > 0) & (old_mass <= KEY_CORRECTION_MAX_OLD_MASS * l_ratio)
         if max_a:
-            use &= gap.amax(-1, keepdim=True) <= KEY_CORRECTION_MAX_EXPONENT
+            use &= gap.amax(-1, keepdim=True) <= max_exponent
         approx = torch.where(use, corrected, cache + upd)
         out = torch.where(exact_pad[:, None, :, None], probs @ vp, approx)
         return out.transpose(1, 2)[fw.q_pad_mask].to(q.dtype)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import model_adapters as ma
 import seer_kernels
-from seer_kernels.partial_attn import KEY_CORRECTION_MAX_EXPONENT, KEY_CORRECTION_MAX_OLD_MASS
+from seer_kernels.partial_attn import KEY_CORRECTION_MAX_GAP_LOG2, KEY_CORRECTION_MAX_OLD_MASS
 from seer_runtime import DyLLMConfig, GenerationConfig, generate
 from seer_runtime.calibrate_dyllm import ATTENTION_MODES
 from seer_runtime.dyllm import DyLLMPolicy
@@ -160,13 +160,14 @@ def oracle_layer(run, i, hidden, caches, gate_rows, fw_offset, rows, prefix, tau
             e = torch.exp(scores - m)
             l_new, e_new = e.sum(-1), e[:, :, cols]  # [H, q], [H, q, |a|]
             gap = torch.einsum("qhd,ahd->hqa", q, k_old.repeat_interleave(group, 1)) * scale - m
-            e_old = torch.exp(gap.clamp(max=KEY_CORRECTION_MAX_EXPONENT))
+            max_exponent = KEY_CORRECTION_MAX_GAP_LOG2 * math.log(2)
+            e_old = torch.exp(gap.clamp(max=max_exponent))
             l_old = l_new - e_new.sum(-1) + e_old.sum(-1)
             old_h = old.view(len(fed), q.shape[1], -1).transpose(0, 1)  # [H, q, d]
             corrected = (l_old[..., None] * old_h + torch.einsum("hqa,ahd->hqd", e_new, vv[cols])
                          - torch.einsum("hqa,ahd->hqd", e_old, v_old.repeat_interleave(group, 1))) / l_new[..., None]
-            use = ((e_old.sum(-1) <= KEY_CORRECTION_MAX_OLD_MASS * l_old)
-                   & (gap.amax(-1) <= KEY_CORRECTION_MAX_EXPONENT))[..., None]
+            use = ((l_old > 0) & (e_old.sum(-1) <= KEY_CORRECTION_MAX_OLD_MASS * l_old)
+                   & (gap.amax(-1) <= max_exponent))[..., None]
             approx = torch.where(use, corrected, approx.view(len(fed), q.shape[1], -1).transpose(0, 1))
             approx = approx.transpose(0, 1).reshape(len(fed), -1)
         ctx = exact.clone() if mode == "exact" else approx.clone()
@@ -319,10 +320,29 @@ def test_the_three_attention_modes(kind):
                 assert r["attn_exact"] == r["gating"] and r["attn_approx"] == [r["fed"] - g for g in r["gating"]]
     assert outs["partial"].stats.extra["dyllm"]["attn_approx"] > 0
     assert outs["exact"].stats.extra["dyllm"]["attn_approx"] == 0
-    # one sparse forward with the same gating: the correction's extra scores and product show in the count
-    part, pap = sparse_records(outs["partial"])[0], sparse_records(outs["paper"])[0]
-    if part["gating"] == pap["gating"] and part["ffn_computed"] == pap["ffn_computed"]:
-        assert part["macs"] > pap["macs"]
+
+
+def test_the_key_correction_is_counted_in_the_ideal_flops():
+    """Per approximated (row, salient key) pair: one P[:, A] dV product (the paper), three with the
+    key correction (scores against the old keys, one more P[:, A] product); the rest is equal."""
+    from types import SimpleNamespace
+
+    from seer_runtime.dyllm import _Forward
+
+    fw = _Forward(rows=[0], idx=torch.tensor([0]), step=5, mode="response")
+    fw.q_row, fw.tq = torch.zeros(6, dtype=torch.long), 6
+    fw.nq_r, fw.nk_r = torch.tensor([6.0], dtype=torch.float64), torch.tensor([10.0], dtype=torch.float64)
+    gate, sal = torch.tensor([1, 4]), torch.tensor([4])
+    exact = torch.zeros(6, dtype=torch.bool)
+    exact[gate] = True
+    dims = {"D": 8, "Hd": 8, "Hkd": 8, "I": 16}
+    macs = {}
+    for mode in ("partial", "paper"):
+        fw.record = {"gating": [], "salient": [], "union": [], "macs": 0.0}
+        policy = SimpleNamespace(_dy_dims=dims, dyllm=DyLLMConfig(**ATTENTION_MODES[mode]), device="cpu")
+        DyLLMPolicy._dy_account(policy, fw, gate, sal, exact)
+        macs[mode] = fw.record["macs"]
+    assert macs["partial"] - macs["paper"] == 2 * (6 - 2) * 2 * dims["Hd"]
 
 
 # ------------------------------------------------------------------------------------ response-only steps
@@ -473,6 +493,10 @@ def test_config_round_trip_and_defaults(tmp_path):
     assert DyLLMConfig.from_json(tmp_path / "d.json") == cfg
     paper = DyLLMConfig(key_correction=False)
     assert DyLLMConfig.from_dict(paper.to_dict()) == paper and paper.attention_mode == "paper"
+    # a calibrated file from before key_correction existed measured the paper's update
+    legacy = {"tau": 0.98, "full_steps": 4, "prompt_period": 4, "approx_attention": True, "calibration": {}}
+    assert DyLLMConfig.from_dict(legacy).attention_mode == "paper"
+    assert DyLLMConfig.from_dict({"tau": 0.98}).attention_mode == "partial"
     assert cfg.attention_mode == "exact" and DyLLMConfig().attention_mode == "partial"
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.tau = 0.5
