@@ -362,8 +362,8 @@ def _partial_attention_kernel(
                 mask=non[:, None] & dmask[None, :],
                 other=0.0,
             ).to(tl.float32)
+            paper = cache + upd * inv_l[:, None]
             if CORRECT_KEYS:
-                paper = cache + upd * inv_l[:, None]
                 # (l_old * cache + e_new @ V - e_old @ V_old) / l with l_old = l - sum_new + sum_old
                 corrected = paper + (dpv - (sum_new - sum_old)[:, None] * cache) * inv_l[:, None]
                 l_old = l_i - sum_new + sum_old
@@ -371,7 +371,7 @@ def _partial_attention_kernel(
                 use = (l_old > 0.0) & (sum_old <= MAX_OLD_MASS * l_old) & (gap_max <= OLD_GAP_MAX)
                 result = tl.where(sal[:, None], result, tl.where(use[:, None], corrected, paper))
             else:
-                result = tl.where(sal[:, None], result, cache + upd * inv_l[:, None])
+                result = tl.where(sal[:, None], result, paper)
 
         tl.store(
             out_ptr + rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :] * stride_od,
@@ -510,36 +510,50 @@ def partial_attention_reference(
             k_new_a, k_old_a = (
                 x.to(cdt).repeat_interleave(group, dim=1).transpose(0, 1) for x in (k[kidx[pos]], k_old[pos])
             )
-            res[:, rows_non] = _key_correction(
-                res[:, rows_non], qb[:, rows_non], kb, vb[:, kidx[pos] - ks], k_new_a, k_old_a, dvb, cache_b, scale
+            qn = qb[:, rows_non]
+            s = qn @ kb.transpose(1, 2) * scale  # [H, Ln, Lk]
+            m = s.amax(dim=-1, keepdim=True)
+            inv_l = 1.0 / torch.exp(s - m).sum(dim=-1, keepdim=True)
+            # new and old salient scores from matmuls of the same shape (equal keys give equal bits)
+            p_new_a = torch.exp(qn @ k_new_a.transpose(1, 2) * scale - m) * inv_l
+            gap = qn @ k_old_a.transpose(1, 2) * scale - m
+            res[:, rows_non] = key_corrected_update(
+                res[:, rows_non], cache_b, p_new_a, gap, inv_l, vb[:, kidx[pos] - ks] - dvb
             )
         out[qs:qe] = res.transpose(0, 1).to(out.dtype)
     return out
 
 
-def _key_correction(paper, qn, kb, v_a, k_new_a, k_old_a, dv_a, cache, scale):
-    """The key-corrected non-salient rows of one sequence, falling back to ``paper`` (all ``[H, ...]``).
+def key_corrected_update(
+    paper: torch.Tensor,
+    cache: torch.Tensor,
+    p_new_a: torch.Tensor,
+    gap: torch.Tensor,
+    inv_l: torch.Tensor,
+    v_old_a: torch.Tensor,
+) -> torch.Tensor:
+    """The key correction of non-salient rows in torch (the reference's and DyLLM's batched path).
 
-    ``qn`` the non-salient queries, ``kb`` all keys of the sequence; ``v_a``, ``k_new_a``,
-    ``k_old_a``, ``dv_a`` the new values, new and old keys and ``delta_v`` of its salient keys.
+    Any leading dims ``[...]`` (heads, or requests and heads), ``n`` rows, ``a`` salient keys:
+    paper ``[..., n, d]`` the plain update ``cache + P[:, A] @ dV``; cache ``[..., n, d]``;
+    p_new_a ``[..., n, a]`` the new softmax at the salient columns (0 at padding slots); gap
+    ``[..., n, a]`` each old score minus the row's max new score (-inf at padding slots); inv_l
+    ``[..., n, 1]`` one over the row's ``sum exp(s - max)`` over all new keys; v_old_a
+    ``[..., a, d]`` the salient keys' old values. Returns ``paper + (P_new - P_old)[:, A] @ V_old
+    - (sum P_new[:, A] - sum P_old[:, A]) * cache`` (the formula of :func:`partial_attention`
+    divided by ``l``), or ``paper`` where the kernel falls back: ``l_old <= 0``, old mass on
+    ``A`` over :data:`KEY_CORRECTION_MAX_OLD_MASS`, or a clamped old score. With ``a = 0`` it
+    returns ``paper``.
     """
-    s = qn @ kb.transpose(1, 2) * scale  # [H, Ln, Lk]
-    m = s.amax(dim=-1, keepdim=True)
-    l = torch.exp(s - m).sum(dim=-1, keepdim=True)
-    # new and old salient scores from matmuls of the same shape (equal keys give equal bits)
-    e_new = torch.exp(qn @ k_new_a.transpose(1, 2) * scale - m)
-    gap = qn @ k_old_a.transpose(1, 2) * scale - m
-    gap_max = KEY_CORRECTION_MAX_GAP_LOG2 * math.log(2)  # the kernel's clamp, in natural units
-    e_old = torch.exp(gap.clamp(max=gap_max))
-    dp = e_new - e_old
-    v_old = v_a - dv_a
-    sum_new = e_new.sum(dim=-1, keepdim=True)
-    sum_old = e_old.sum(dim=-1, keepdim=True)
-    # (l_old * cache + e_new @ V - e_old @ V_old) / l, written as paper + (dp @ V_old - sum(dp) cache) / l
-    corrected = paper + (dp @ v_old - (sum_new - sum_old) * cache) / l
-    l_old = l - sum_new + sum_old
-    use = (l_old > 0) & (sum_old <= KEY_CORRECTION_MAX_OLD_MASS * l_old)
-    use &= gap.amax(dim=-1, keepdim=True) <= gap_max
+    max_exponent = KEY_CORRECTION_MAX_GAP_LOG2 * math.log(2)  # the kernel's clamp, in natural units
+    p_old_a = torch.exp(gap.clamp(max=max_exponent)) * inv_l
+    sum_new = p_new_a.sum(dim=-1, keepdim=True)
+    sum_old = p_old_a.sum(dim=-1, keepdim=True)
+    corrected = paper + (p_new_a - p_old_a) @ v_old_a - (sum_new - sum_old) * cache
+    l_ratio = 1.0 - sum_new + sum_old  # l_old / l
+    use = (l_ratio > 0) & (sum_old <= KEY_CORRECTION_MAX_OLD_MASS * l_ratio)
+    if gap.shape[-1]:
+        use &= gap.amax(dim=-1, keepdim=True) <= max_exponent
     return torch.where(use, corrected, paper)
 
 

@@ -544,8 +544,8 @@ class DyLLMPolicy:
         vc = self._dy_v[i].view(-1, *self._dy_v[i].shape[2:])
         at = fw.q_cache.index_select(0, gate)
         dv = v_a - gather_rows(vc, at, n_a)
-        correct = self.dyllm.approx_attention and self.dyllm.key_correction
-        k_old = gather_rows(kc, at, n_a) if correct else None  # the salient rows' keys before the update
+        # the salient rows' keys before the update (the key-corrected partial attention)
+        k_old = gather_rows(kc, at, n_a) if self.dyllm.attention_mode == "partial" else None
         scatter_rows(kc, at, n_a, k_a)
         scatter_rows(vc, at, n_a, v_a)
         pre_k = pre_v = None
@@ -629,9 +629,7 @@ class DyLLMPolicy:
             probs = torch.softmax(scores, dim=-1)
             out = torch.where(exact_pad[:, None, :, None], probs @ vp, cache + probs @ dvp)
             return out.transpose(1, 2)[fw.q_pad_mask].to(q.dtype)
-        from seer_kernels.partial_attn import KEY_CORRECTION_MAX_GAP_LOG2, KEY_CORRECTION_MAX_OLD_MASS
-
-        max_exponent = KEY_CORRECTION_MAX_GAP_LOG2 * math.log(2)  # the kernel's clamp, natural units
+        from seer_kernels.partial_attn import key_corrected_update
 
         # A's keys laid out per request: [R, max_a] slots holding each one's column in the padded keys
         n_a = dv_key_rows.numel()
@@ -653,24 +651,14 @@ class DyLLMPolicy:
 
         k_old_a, dv_a = per_request(k_old), per_request(dv)
         v_old_a = per_request(values.index_select(0, dv_key_rows)) - dv_a
-        # the old keys' weights against the row's max new score m (their exponents clamped: a row
-        # with a clamped one falls back to the paper's update), normalised by the new keys' sum,
-        # 1 / l_new = the largest probability (the weight exp(m - m) = 1 over l_new)
+        # the old scores against the row's max new score; 1 / l (the new keys' sum of exp(s - max))
+        # is the largest probability, exp(0) / l
         probs = torch.softmax(scores, dim=-1)
-        inv_l_new = probs.amax(-1, keepdim=True)
         a_cols = ~a_mask[:, None, None, :]
         p_new_a = probs.gather(-1, col[:, None, None, :].expand(*probs.shape[:3], max_a)).masked_fill(a_cols, 0.0)
         gap = (qp @ k_old_a.transpose(-1, -2)) * scale - scores.amax(-1, keepdim=True)
-        gap = gap.masked_fill(a_cols, float("-inf"))
-        p_old_a = torch.exp(gap.clamp(max=max_exponent)) * inv_l_new
-        old_mass = p_old_a.sum(-1, keepdim=True)
-        l_ratio = 1.0 - p_new_a.sum(-1, keepdim=True) + old_mass  # l_old / l_new
-        upd = p_new_a @ dv_a  # the paper's P[:, A] @ dV
-        corrected = l_ratio * cache + upd + (p_new_a - p_old_a) @ v_old_a
-        use = (l_ratio > 0) & (old_mass <= KEY_CORRECTION_MAX_OLD_MASS * l_ratio)
-        if max_a:
-            use &= gap.amax(-1, keepdim=True) <= max_exponent
-        approx = torch.where(use, corrected, cache + upd)
+        approx = key_corrected_update(cache + p_new_a @ dv_a, cache, p_new_a, gap.masked_fill(a_cols, float("-inf")),
+                                      probs.amax(-1, keepdim=True), v_old_a)
         out = torch.where(exact_pad[:, None, :, None], probs @ vp, approx)
         return out.transpose(1, 2)[fw.q_pad_mask].to(q.dtype)
 
@@ -693,7 +681,7 @@ class DyLLMPolicy:
         b_r = torch.bincount(fw.q_row.index_select(0, sal), minlength=R).double()
         e_r = torch.bincount(fw.q_row[exact], minlength=R).double()
         nq, nk = fw.nq_r, fw.nk_r
-        approx_cost = 3 if self.dyllm.approx_attention and self.dyllm.key_correction else 1
+        approx_cost = 3 if self.dyllm.attention_mode == "partial" else 1
         macs = (nq * (2 * d["D"] * d["Hd"]) + a_r * (2 * d["D"] * d["Hkd"]) + b_r * (3 * d["D"] * d["I"])
                 + nq * nk * d["Hd"]  # QK^T: every (query, key) pair, the softmax normaliser needs them all
                 + (e_r * nk + (nq - e_r) * a_r * approx_cost) * d["Hd"])  # P @ V for exact rows, P[:, A] @ dV
