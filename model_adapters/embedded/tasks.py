@@ -286,6 +286,20 @@ def make_drill(rng: np.random.Generator) -> TaskRequest:
     return TaskRequest(kind, question, answer, draw_grid(grid, rng), grid)
 
 
+def make_lookup_request(rng: np.random.Generator) -> TaskRequest:
+    """A request from the families that must find one cell or one shape in the image: 50% "what
+    colour / shape is in the <cell> ?" or "what is in the <cell> ?" (empty cell), 25% "what is in
+    the <cell> ?" about a filled cell, 25% "is there a <colour> <shape> ?". Diagnostic only
+    (``bench/embedded_lookup_lr.py``): no split or training mix draws from it.
+    """
+    while True:
+        u = rng.random()
+        out = _img_yesno(rng, 1) if u < 0.25 else _img_cell(rng, 2 if u < 0.5 else 1)
+        if out is not None:
+            kind, question, answer, grid = out
+            return TaskRequest(kind, question, answer, draw_grid(grid, rng), grid)
+
+
 def _target_length(rng: np.random.Generator) -> int:
     u = rng.random()
     if u < 0.30:
