@@ -15,14 +15,19 @@ Recipe (LLaDA SFT, ``reference/MODELS.md`` §1.7; LaViDa §4.4-4.5):
   to the prompt; response rows to everything), ``--prefix-lm-fraction`` (0.5) of the samples,
   because inference uses LaViDa's prefix K/V cache (the prompt computed once, seeing itself).
 
-The shipped weights come from two phases, the second starting from the first one's weights:
-``make train-demo-model`` runs them and calibrates Seer for the result (the commands, curves
-and held-out figures are in ``bench/RESULTS.md``; ``train_log.json`` records the last phase and,
-under ``previous_phase``, the first). ``--image-focus`` draws part of each batch from the image
+The shipped weights come from one run of ``make train-demo-model``, which then calibrates Seer
+and DyLLM for the result (the command, curves and held-out figures are in ``bench/RESULTS.md``;
+``train_log.json`` records them). ``--image-focus`` draws part of each batch from the image
 families only; ``--window-cut`` trains part of the samples on a window cut after their answer,
-so that the model answers the same in a window Seer shortened.
+so that the model answers the same in a window Seer shortened. ``--init-from`` starts a later
+phase from a run's weights (earlier recipes had up to five phases).
 
-The vision stage (phase 1): ``--vision-steps N`` first trains the SigLIP tower alone to name
+The learning rate matters more than anything else here: at a peak of 3e-3 (the earlier
+recipes') the backbone never learnt to find the cell a question names, in any recipe tried over
+four sessions; at 3e-4 it does within the first thousand steps (``bench/embedded_lookup_lr.py``
+isolates it on the lookup questions alone).
+
+The vision stage (first phase): ``--vision-steps N`` first trains the SigLIP tower alone to name
 each pooled cell's colour, shape and place (:func:`pretrain_vision_tower`; LaViDa starts from a
 pretrained SigLIP), re-initialises the projector for it (:func:`init_projector_whitened`), keeps
 the tower frozen during the SFT (``--train-vision`` keeps training it) and computes the image
@@ -475,7 +480,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="torch threads (default 1: on 2 shared busy cores, 2 threads ran 6x slower)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--batch-size", type=int, default=48)
-    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--lr", type=float, default=3e-4,
+                   help="peak learning rate (at 3e-3 the cell lookups were never learnt: bench/RESULTS.md)")
     p.add_argument("--weight-decay", type=float, default=0.05)
     p.add_argument("--d-model", type=int, default=192)
     p.add_argument("--layers", type=int, default=7)

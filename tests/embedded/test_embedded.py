@@ -21,6 +21,7 @@ from model_adapters.embedded.tasks import (
     MAX_ANSWER_TOKENS,
     RequestStream,
     make_drill,
+    make_lookup_request,
     make_requests,
     vocabulary_words,
 )
@@ -128,6 +129,34 @@ def test_reading_drills_are_training_only_and_well_formed():
     assert not any(r.kind.startswith("list_") for r in make_requests(300, "heldout"))
 
 
+def test_lookup_requests_name_one_cell_and_answer_from_it():
+    """The lookup diagnostic's requests (bench/embedded_lookup_lr.py) come from the lookup
+    families only, and each answer is what the named cell holds (or whether the asked shape is
+    there)."""
+    import numpy as np
+
+    from model_adapters.embedded.tasks import COLS, ROWS
+
+    rng = np.random.default_rng(11)
+    reqs = [make_lookup_request(rng) for _ in range(200)]
+    assert {r.kind for r in reqs} == {"cell", "cell_colour", "cell_shape", "yesno"}
+    for r in reqs:
+        assert r.has_image and r.answer_tokens in (1, 2)
+        if r.kind == "yesno":
+            colour, shape = r.question.split()[3:5]
+            assert r.answer == ("yes" if (colour, shape) in r.grid else "no")
+            continue
+        words = r.question.split()
+        row, col = words[-3], words[-2]
+        cell = r.grid[3 * ROWS.index(row) + COLS.index(col)]
+        expected = {"cell_colour": None if cell is None else cell[0], "cell_shape": None if cell is None else cell[1],
+                    "cell": "nothing" if cell is None else f"{cell[0]} {cell[1]}"}[r.kind]
+        assert r.answer == expected
+    again = np.random.default_rng(11)
+    assert [(r.question, r.answer) for r in reqs[:20]] == [
+        (r.question, r.answer) for r in (make_lookup_request(again) for _ in range(20))]
+
+
 def test_vision_stage_learns_cells_and_projector_init_is_centred():
     """Stage 0 teaches a fresh tiny tower to name each pooled cell's colour, shape and place
     (chance: 1/5, 1/4, 1/9); the whitened projector then gives cell tokens whose shared part is
@@ -202,9 +231,9 @@ def test_later_phase_keeps_the_frozen_tower_and_projector(tmp_path):
 def test_heldout_requests_decode_correctly(shipped):
     """Held-out requests decode to their answers with the baseline decoder, at the quality the
     training run recorded in train_log.json (a regression check of weights, tokenizer, engine
-    and prompt format together). The recorded quality (83% exact match on 1000 held-out
-    requests) is below the issue's 90% bar: the image questions are the weak part, see
-    bench/RESULTS.md, "Embedded demo model (training)"."""
+    and prompt format together). The recorded quality itself must meet the issue's bar of 90%
+    exact match on the 1000 held-out requests (the shipped model: 95%; bench/RESULTS.md,
+    "Embedded demo model (training)")."""
     from model_adapters.embedded.train import decode_requests, evaluate_step0, exact_matches
 
     model, tok = shipped
@@ -214,6 +243,7 @@ def test_heldout_requests_decode_correctly(shipped):
     hits = exact_matches(tok, reqs, out)
     # a binomial 3-sigma margin below the rate measured on 1000 held-out requests
     rate = recorded["decoding"]["exact_match"]
+    assert recorded["requests"] == 1000 and rate >= 0.90, rate
     floor = N_DECODE * rate - 3 * math.sqrt(N_DECODE * rate * (1 - rate))
     assert sum(hits) >= floor, [(r.question, r.answer, tok.decode(out.answer_ids(i)))
                                 for i, (r, h) in enumerate(zip(reqs, hits)) if not h]
@@ -227,7 +257,8 @@ def test_heldout_requests_decode_correctly(shipped):
     # step 0 already knows where many answers end (first EOS / end of turn of the argmax)
     length_acc = evaluate_step0(model, tok, reqs)["step0_length_acc"]
     rate = recorded["step0_length_acc"]
-    assert length_acc >= rate - 3 * math.sqrt(rate * (1 - rate) / N_DECODE)
+    # (at least one request of slack: the recorded rate may be 1.0, where the binomial margin is 0)
+    assert length_acc >= rate - max(3 * math.sqrt(rate * (1 - rate) / N_DECODE), 1 / N_DECODE)
 
 
 def test_shipped_seer_config_and_demo_json(tmp_path):
