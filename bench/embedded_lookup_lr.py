@@ -31,6 +31,7 @@ from model_adapters.embedded.train import (
     init_weights,
     model_config,
     pretrain_vision_tower,
+    sft_step,
     step0_logits,
     training_loss,
 )
@@ -79,10 +80,7 @@ def run(lr: float, *, steps: int, window: int, eval_every: int, seed: int, batch
         reqs = [make_lookup_request(rng) for _ in range(batch_size)]
         loss = training_loss(model, tok, reqs, gen, window=window, eps=1e-3, prefix_lm_fraction=0.5,
                              vision_fp32=True)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        sft_step(model, opt, loss)
         running += loss.item()
         if (step + 1) % eval_every == 0 or step + 1 == steps:
             n = (step % eval_every) + 1

@@ -327,6 +327,14 @@ def training_loss(model, tok: EmbeddedTokenizer, reqs: list[TaskRequest], gen: t
     return (ce * masked / t[:, None]).sum() / (b * window)
 
 
+def sft_step(model: torch.nn.Module, opt: torch.optim.Optimizer, loss: torch.Tensor) -> None:
+    """One optimizer step of the SFT: backward, clip the whole model's gradient norm to 1, step."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+
+
 # ------------------------------------------------------------------------------------ evaluation
 @torch.no_grad()
 def step0_logits(model, tok: EmbeddedTokenizer, reqs: list[TaskRequest], window: int = RESPONSE_WINDOW,
@@ -616,10 +624,7 @@ def main(argv=None) -> dict:
             loss = training_loss(model, tok, reqs, mask_gen, window=RESPONSE_WINDOW, eps=1e-3,
                                  prefix_lm_fraction=args.prefix_lm_fraction, window_cut=args.window_cut,
                                  vision_fp32=vision_staged)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        sft_step(model, opt, loss)
         running += loss.item()
         running_n += 1
         if (step + 1) % 25 == 0 or step + 1 == stop_at:
