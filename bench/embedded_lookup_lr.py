@@ -26,33 +26,20 @@ import torch
 from model_adapters.embedded import EmbeddedTokenizer, build_tokenizer
 from model_adapters.embedded.tasks import make_lookup_request
 from model_adapters.embedded.train import (
-    align_projector_to_words,
-    init_projector_whitened,
+    evaluate_step0,
     init_weights,
     model_config,
-    pretrain_vision_tower,
+    run_vision_stage,
     sft_step,
-    step0_logits,
     training_loss,
 )
 from model_adapters.loading import build_model
 
 
-@torch.no_grad()
 def lookup_accuracy(model, tok, probe, window: int) -> dict[str, float]:
     """Step-0 exact match of the whole window, per family, on ``probe``."""
-    model.eval()
-    kinds: dict[str, list[int]] = {}
-    for s in range(0, len(probe), 100):
-        chunk = probe[s: s + 100]
-        pred = step0_logits(model, tok, chunk, window).argmax(-1)
-        target = torch.tensor([tok.response_window(r.answer, window) for r in chunk])
-        for r, ok in zip(chunk, (pred == target).all(1).tolist()):
-            k = kinds.setdefault(r.kind, [0, 0])
-            k[0] += 1
-            k[1] += ok
-    model.train()
-    return {k: round(v[1] / v[0], 3) for k, v in sorted(kinds.items())}
+    per_kind = evaluate_step0(model, tok, probe, window=window, per_kind=True)["per_kind"]
+    return {k: round(v["window_exact"], 3) for k, v in per_kind.items()}
 
 
 def run(lr: float, *, steps: int, window: int, eval_every: int, seed: int, batch_size: int) -> list[dict]:
@@ -60,9 +47,7 @@ def run(lr: float, *, steps: int, window: int, eval_every: int, seed: int, batch
     torch.manual_seed(seed)
     model = build_model(model_config(tok), device="cpu")
     init_weights(model, int(model.config["n_layers"]), torch.Generator().manual_seed(seed))
-    pretrain_vision_tower(model, steps=300, seed=seed)
-    init_projector_whitened(model, seed=seed)
-    align_projector_to_words(model, tok, steps=300, seed=seed)
+    run_vision_stage(model, tok, vision_steps=300, align_steps=300, seed=seed)
     for p in model.model.mm_projector.parameters():
         p.requires_grad_(False)
     trained = [p for p in model.parameters() if p.requires_grad]

@@ -265,6 +265,17 @@ def align_projector_to_words(model, tok: EmbeddedTokenizer, *, steps: int, seed:
     return float(loss.detach())
 
 
+def run_vision_stage(model, tok: EmbeddedTokenizer, *, vision_steps: int, align_steps: int, seed: int) -> dict:
+    """The first phase's vision stage: :func:`pretrain_vision_tower`, then
+    :func:`init_projector_whitened`, then (``align_steps > 0``) :func:`align_projector_to_words`.
+    Returns the tower's held-out cell accuracies, with ``align_mse`` when aligned."""
+    stage = pretrain_vision_tower(model, steps=vision_steps, seed=seed)
+    init_projector_whitened(model, seed=seed)
+    if align_steps > 0:
+        stage["align_mse"] = align_projector_to_words(model, tok, steps=align_steps, seed=seed)
+    return stage
+
+
 # ------------------------------------------------------------------------------------ batches
 def prompt_batch(model, tok: EmbeddedTokenizer, reqs: list[TaskRequest]):
     """Prompt embeddings ``[B, Lp, D]`` and bool key mask ``[B, Lp]`` (left-padded) for requests."""
@@ -565,10 +576,8 @@ def main(argv=None) -> dict:
         init_weights(model, args.layers, torch.Generator().manual_seed(args.seed))
     vision_stage = None
     if args.vision_steps > 0:
-        vision_stage = pretrain_vision_tower(model, steps=args.vision_steps, seed=args.seed)
-        init_projector_whitened(model, seed=args.seed)
-        if args.align_steps > 0:
-            vision_stage["align_mse"] = align_projector_to_words(model, tok, steps=args.align_steps, seed=args.seed)
+        vision_stage = run_vision_stage(model, tok, vision_steps=args.vision_steps, align_steps=args.align_steps,
+                                        seed=args.seed)
         print(f"vision stage ({args.vision_steps} steps): held-out cell accuracy {vision_stage}", flush=True)
     previous_log = None
     if args.init_from is not None and (Path(args.init_from) / "train_log.json").is_file():
