@@ -21,9 +21,9 @@ import torch
 
 from seer_kernels import kernel_backend
 from seer_runtime import DyLLMConfig
-from seer_runtime.calibrate_dyllm import ideal_speedup
+from seer_runtime.calibration.dyllm import ideal_speedup
 from seer_runtime.evaluate import RunResult, run_requests
-from seer_runtime.router import RouterConfig
+from seer_runtime.serving.router import RouterConfig
 
 pytestmark = pytest.mark.bench
 

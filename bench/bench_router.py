@@ -1,6 +1,6 @@
-"""The PWR router: the cost of ``route()`` and the padding waste of each grouping rule.
+"""The PWR router: the cost of ``route()`` and the padding waste it leaves, per tau_pad and N_max.
 
-    .venv/bin/pytest bench/bench_router.py -s                      # timings + the waste table
+    .venv/bin/pytest bench/bench_router.py -s                      # timings + the waste tables
     .venv/bin/pytest bench/bench_router.py --benchmark-disable -s  # smoke (CI): one call each
 
 Answer lengths (SPEC.md §1.6: windows 16, 32, 100; L* = the cut Seer keeps) are drawn per row
@@ -8,35 +8,9 @@ from a mixture: 60% short answers (1 + geometric, mean 4 tokens: a VQA word or n
 long answers (uniform in [W/4, W]: an explanation), 5% rows where no boundary fired (L* = W).
 Batches of 256 rows, 20 batches per setting, fixed seeds. Per path: useful tokens (sum of L*),
 computed tokens (the layout that runs: STATIC batch bucket x B_G, VARLEN packed bucket P,
-EAGER T) and waste = padded / computed; "groups" = forwards per step; "naive" = padding every
-row to the batch's longest L* (the paper's pad-to-max truncation baseline).
-
-Conclusion (token counts are exact, not timings; CPU run, seeds as in the code):
-
-1. grouping="single" is the default. Over whole decodes it runs one forward per step (16 / 32 /
-   100 per decode, the minimum) and computes 1.05-1.10x the useful tokens at tau_pad <= 0.2 and
-   N_max 128 (W=16: 1.088, W=32: 1.099, W=100: 1.048), against 1.39-1.57x for pad-to-longest.
-   "length" computed as many or more tokens at tau_pad <= 0.2 (1.065-1.24x) and needed
-   1.1-2.2x the forwards (W=100, tau 0.2: 218 vs 100); stragglers="pool" cuts its forwards
-   (218 -> 159) at equal tokens but does not close the gap. The reason: the packed (VARLEN)
-   path mixes lengths at <= 8% rounding waste, so splitting a batch into uniform static groups
-   pays only if a padded static graph is faster per token than a packed one by more than its
-   padding - a GPU question these counts cannot settle (re-measure with end-to-end timings).
-2. N_max must cover the window: N_max 64 at W=100 sends every batch holding an answer longer
-   than 64 to EAGER ("single": all 7526 tokens per step; "length": 64% of them). N_max 256
-   changes nothing for W <= 128 but adds 42 graph keys (279 vs 237). N_max = W = 100 vs 128:
-   1.116 vs 1.048 at tau 0.2 (with bucket 128 no mixed batch passes PWR <= 0.2, so all pack),
-   1.386 vs 1.713 at tau 0.6. Default: the power of two at or above the window (128).
-3. tau_pad = 0.2 (the paper's example). Computed/useful grows with tau_pad ("single",
-   N_max 128): W=100 1.048 / 1.048 / 1.290 / 1.713 and W=32 1.068 / 1.099 / 1.262 / 1.441 for
-   0.1 / 0.2 / 0.4 / 0.6. 0.1 saves at most 3% more tokens than 0.2; keep 0.2 until GPU
-   timings of the static vs packed graphs say otherwise.
-4. The static path wastes more than its PWR: batch-bucket padding rows (align 8) add to it
-   (0.15-0.18 per decode at tau 0.2, up to 0.33 per step for small groups).
-5. Packed buckets, 8 per octave: 4.3% varlen waste for 67 varlen graphs (batch 256, N_max 128);
-   4 per octave: 6.8% / 36; 16: 2.0% / 119.
-6. route() at batch 256 (2 shared CPU cores, pytest-benchmark median): "single" 16 us,
-   "length" 83 us, "length" + pool 105 us.
+EAGER T) and waste = padded / computed; "naive" = padding every row to the batch's longest L*
+(the paper's pad-to-max truncation baseline). Token counts are exact; the figures and the
+defaults they justify: bench/RESULTS.md ("Router").
 """
 
 from __future__ import annotations
@@ -46,8 +20,8 @@ import time
 
 import pytest
 
-from seer_runtime.buckets import micro_buckets
-from seer_runtime.router import (
+from seer_runtime.serving.buckets import micro_buckets
+from seer_runtime.serving.router import (
     PATH_EAGER,
     PATH_STATIC,
     PATH_VARLEN,
@@ -63,11 +37,6 @@ TRIALS = 20
 WINDOWS = (16, 32, 100)
 TAUS = (0.1, 0.2, 0.4, 0.6)
 N_MAXES = (64, 128, 256)
-GROUPINGS = {
-    "single": dict(grouping="single"),
-    "length": dict(grouping="length", stragglers="eager"),
-    "length+pool": dict(grouping="length", stragglers="pool", min_group=4),
-}
 
 
 def answer_lengths(rng: random.Random, window: int, batch: int) -> list[int]:
@@ -116,24 +85,23 @@ def _row(stats: RouterStats, naive: int) -> str:
 
 
 HEADER = (
-    f"{'W':>3} {'Nmax':>4} {'tau':>4} {'grouping':<11} | "
+    f"{'W':>3} {'Nmax':>4} {'tau':>4} | "
     + " | ".join(f"{p + ' use':>7} {'pad':>6} {'waste':>5}" for p in ("STA", "VAR", "EAG"))
     + f" | {'grp':>5} | {'comp/use':>5} {'naive':>6}"
 )
 
 
 def waste_table() -> list[tuple]:
-    """Every setting: (window, n_max, tau, grouping, stats, naive, keys)."""
+    """Every setting: (window, n_max, tau, stats, naive, keys)."""
     rng = random.Random(2026)
     batches = {w: [answer_lengths(rng, w, BATCH) for _ in range(TRIALS)] for w in WINDOWS}
     rows = []
     for w in WINDOWS:
         for n_max in N_MAXES:
             for tau in TAUS:
-                for gname, opts in GROUPINGS.items():
-                    router = Router(RouterConfig.for_window(n_max, max_batch=BATCH, tau_pad=tau, **opts))
-                    stats, naive = measure(router, batches[w])
-                    rows.append((w, n_max, tau, gname, stats, naive, len(router.valid_keys())))
+                router = Router(RouterConfig.for_window(n_max, max_batch=BATCH, tau_pad=tau))
+                stats, naive = measure(router, batches[w])
+                rows.append((w, n_max, tau, stats, naive, len(router.valid_keys())))
     return rows
 
 
@@ -144,20 +112,20 @@ def test_padding_waste_per_path():
     print(f"\nper step, mean over {TRIALS} batches of {BATCH} (use/pad = useful/padded tokens per path)")
     print(HEADER)
     last = None
-    for w, n_max, tau, gname, stats, naive, _ in rows:
+    for w, n_max, tau, stats, naive, _ in rows:
         if last is not None and (w, n_max) != last:
             print()
         last = (w, n_max)
-        print(f"{w:>3} {n_max:>4} {tau:>4} {gname:<11} | " + _row(stats, naive))
+        print(f"{w:>3} {n_max:>4} {tau:>4} | " + _row(stats, naive))
         useful = sum(stats.useful_tokens.values())
         assert stats.calls == TRIALS and useful > 0
         assert sum(stats.rows.values()) == TRIALS * BATCH  # every row routed exactly once per batch
         assert all(stats.computed_tokens.get(p, 0) >= stats.useful_tokens.get(p, 0) for p in stats.groups)
         assert stats.padded_tokens(PATH_EAGER) == 0
-        if n_max < w and gname == "single":
+        if n_max < w:
             assert stats.groups.get(PATH_EAGER, 0) > 0  # some batch has an L* above N_max
     keys = {}
-    for _, n_max, tau, _, _, _, k in rows:
+    for _, n_max, tau, _, _, k in rows:
         keys[(n_max, tau)] = k
     print("\ngraph keys to capture (static + varlen, batch <= 256, packed 8 per octave):")
     print("  " + "  ".join(f"Nmax={n} tau={t}: {k}" for (n, t), k in sorted(keys.items())))
@@ -166,7 +134,7 @@ def test_padding_waste_per_path():
 
 def decode_table(trials: int = 2) -> list[tuple]:
     """Whole decodes at N_max 128 and N_max = W: row b runs L*_b steps (steps follow the cut
-    window), and every step routes the rows still running. (window, n_max, tau, grouping, stats, naive)."""
+    window), and every step routes the rows still running. (window, n_max, tau, stats, naive)."""
     rng = random.Random(2027)
     batches = {w: [answer_lengths(rng, w, BATCH) for _ in range(trials)] for w in WINDOWS}
     rows = []
@@ -178,11 +146,10 @@ def decode_table(trials: int = 2) -> list[tuple]:
                 steps.append(active)
         for n_max in (128,) if w in micro_buckets(128) else (w, 128):  # N_max = W only where it differs
             for tau in TAUS:
-                for gname, opts in GROUPINGS.items():
-                    router = Router(RouterConfig.for_window(n_max, max_batch=BATCH, tau_pad=tau, **opts))
-                    stats, naive = measure(router, steps)
-                    stats.calls = trials  # report per decode, not per step
-                    rows.append((w, n_max, tau, gname, stats, naive))
+                router = Router(RouterConfig.for_window(n_max, max_batch=BATCH, tau_pad=tau))
+                stats, naive = measure(router, steps)
+                stats.calls = trials  # report per decode, not per step
+                rows.append((w, n_max, tau, stats, naive))
     return rows
 
 
@@ -193,11 +160,11 @@ def test_padding_waste_whole_decode():
     print("\nper decode, mean over 2 batches of 256; 'naive' = pad every step to its longest row")
     print(HEADER.replace("grp", "fwd"))
     last = None
-    for w, n_max, tau, gname, stats, naive in rows:
+    for w, n_max, tau, stats, naive in rows:
         if last is not None and (w, n_max) != last:
             print()
         last = (w, n_max)
-        print(f"{w:>3} {n_max:>4} {tau:>4} {gname:<11} | " + _row(stats, naive))
+        print(f"{w:>3} {n_max:>4} {tau:>4} | " + _row(stats, naive))
         assert stats.padded_tokens(PATH_EAGER) == 0
         assert stats.waste(PATH_VARLEN) < 1 - 2 ** (-1 / 8)  # one step of the packed ladder at most
     print(f"(table computed in {time.perf_counter() - t0:.2f} s)")
@@ -224,11 +191,9 @@ def test_packed_bucket_granularity():
         prev_waste = waste
 
 
-@pytest.mark.parametrize("grouping", list(GROUPINGS))
-def test_route_cost_batch256(benchmark, grouping):
+def test_route_cost_batch256(benchmark):
     """Host cost of one ``route()`` at batch 256 (window 100, N_max 128)."""
-    router = Router(RouterConfig.for_window(128, max_batch=BATCH, **GROUPINGS[grouping]))
+    router = Router(RouterConfig.for_window(128, max_batch=BATCH))
     lens = answer_lengths(random.Random(3), 100, BATCH)
-    routes = benchmark(router.route, lens)
-    assert sorted(r for route in routes for r in route.rows) == list(range(BATCH))
-    assert any(route.path == PATH_STATIC or route.path == PATH_VARLEN for route in routes)
+    route = benchmark(router.route, lens)
+    assert route.rows == tuple(range(BATCH)) and route.path in (PATH_STATIC, PATH_VARLEN)

@@ -20,11 +20,10 @@ import pytest
 import torch
 
 import model_adapters as ma
-from bench.workloads import answer_lengths
+from bench.workloads import OracleCut, answer_lengths
 from seer_kernels import kernel_backend
 from seer_runtime import GenerationConfig, generate
-from seer_runtime.router import RouterConfig
-from seer_runtime.seer import SeerConfig
+from seer_runtime.serving.router import RouterConfig
 
 pytestmark = pytest.mark.bench
 
@@ -51,13 +50,10 @@ def test_serving_modes(benchmark, serving_model):
             ids = torch.randint(0, 4000, (batch, prefix))
             lengths = answer_lengths(batch, window=WINDOW, seed=batch)
             keep = [min(WINDOW, n + 1) for n in lengths]  # the answer plus its end token
-            oracle = SeerConfig(probe="oracle", oracle_keep_len=keep, guard=False)
             modes = {
                 "vanilla": dict(),
-                "pad to longest": dict(seer=oracle),
-                "router (single)": dict(seer=oracle, router=RouterConfig.for_window(WINDOW, max_batch=256)),
-                "router (length)": dict(seer=oracle, router=RouterConfig.for_window(
-                    WINDOW, max_batch=256, grouping="length", stragglers="pool")),
+                "pad to longest": dict(policies=[OracleCut(keep)]),
+                "router": dict(policies=[OracleCut(keep)], router=RouterConfig.for_window(WINDOW, max_batch=256)),
             }
             for name, kw in modes.items():
                 with kernel_backend("reference"):

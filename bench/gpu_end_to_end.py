@@ -55,9 +55,9 @@ def _timed(fn, *args, **kwargs):
 
 
 def serving_rows(quick: bool, layers: int) -> list[dict]:
+    from bench.workloads import OracleCut
     from seer_runtime import GenerationConfig, generate
-    from seer_runtime.router import RouterConfig
-    from seer_runtime.seer import SeerConfig
+    from seer_runtime.serving.router import RouterConfig
 
     model = _model("llada-8b-instruct", layers)  # the LaViDa language model; the prefix stands for image + prompt
     window, prefix = 32, 1000
@@ -67,9 +67,8 @@ def serving_rows(quick: bool, layers: int) -> list[dict]:
         lengths = answer_lengths(batch, window=window, seed=batch)
         keep = [min(window, n + 1) for n in lengths]
         ids = torch.randint(0, 120000, (batch, prefix), device="cuda")
-        oracle = SeerConfig(probe="oracle", oracle_keep_len=keep, guard=False)
-        modes = {"vanilla": {}, "pad to longest": {"seer": oracle},
-                 "router": {"seer": oracle, "router": RouterConfig.for_window(window, max_batch=256)}}
+        modes = {"vanilla": {}, "pad to longest": {"policies": [OracleCut(keep)]},
+                 "router": {"policies": [OracleCut(keep)], "router": RouterConfig.for_window(window, max_batch=256)}}
         times = {}
         for name, kw in modes.items():
             generate(model, ids[:2], gen=gen, **{k: v for k, v in kw.items() if k == "router"})  # warm-up

@@ -1,9 +1,11 @@
 """Workloads shared by the CPU benchmarks and the GPU check (no pytest import: the GPU machine
-installs the package without the dev extras)."""
+installs the package without the dev extras): answer lengths, and a policy that cuts to them."""
 
 from __future__ import annotations
 
 import random
+
+from seer_runtime.policy import DecodePolicy
 
 
 def answer_lengths(n: int, *, window: int, seed: int = 0) -> list[int]:
@@ -15,3 +17,25 @@ def answer_lengths(n: int, *, window: int, seed: int = 0) -> list[int]:
         u = rng.random()
         out.append(rng.randint(1, 8) if u < 0.6 else rng.randint(9, 30) if u < 0.95 else window)
     return out
+
+
+class OracleCut(DecodePolicy):
+    """Cut every request's window to a given length before step 0, as Seer would with a perfect
+    probe (random-weight models have no answer end to find): the serving benchmarks' workload.
+
+    keep_len: one length per request, each in ``[1, gen_length]``; no guard (the lengths are the
+    truth)."""
+
+    name = "oracle_cut"
+
+    def __init__(self, keep_len: list[int]) -> None:
+        self.keep_len = [int(n) for n in keep_len]
+
+    def on_request(self, run) -> None:
+        if len(self.keep_len) != run.batch_size:
+            raise ValueError(f"keep_len has {len(self.keep_len)} lengths for {run.batch_size} requests")
+        for b, n in enumerate(self.keep_len):
+            if not 1 <= n <= run.width:
+                raise ValueError(f"keep_len[{b}] = {n} must lie in [1, {run.width}]")
+            run.window.set(b, n)
+            run.plans[b] = run.make_plan(b, n)

@@ -1,9 +1,12 @@
 """Math shared by the LLaDA and Dream families: RMSNorm, rotate-half RoPE, attention per layout,
-and the one composition of a pre-norm block that both ``forward()`` and the engine use.
+and the one composition of a pre-norm block that ``forward()``, the engine and DyLLM's sparse
+steps use.
 
-A block class only maps names: it implements ``attn_norm``, ``project_qkv``, ``project_out``,
-``ffn_norm``, ``mlp_gate_up`` and ``mlp_down``; :func:`block_forward` composes them. So the
-Hugging Face calling convention and the engine's layer-by-layer loop run the same code.
+A block class only maps names: it implements ``attn_norm``, ``project_qkv`` (and ``project_q``,
+``project_kv``), ``project_out``, ``ffn_norm``, ``mlp_gate_up`` and ``mlp_down``
+(``seer_runtime.adapter.TransformerBlock``); :func:`block_forward` composes them. So the
+Hugging Face calling convention, the engine's layer-by-layer loop and a layer that computes
+only some rows (``Taps.rows``) run the same code.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from seer_runtime.layout import PackedLayout, PaddedLayout, Taps
+import seer_kernels
+from seer_runtime.adapter import PackedLayout, PaddedLayout, Taps
 
 
 class RMSNorm(nn.Module):
@@ -98,14 +102,12 @@ def attention(
             k = torch.cat([prefix_k, k], dim=1)
             v = torch.cat([prefix_v, v], dim=1)
         return _sdpa_padded(q, k, v, layout.key_mask, attn_mask=layout.attn_mask)
-    from seer_kernels import varlen_attention
-
     if prefix_k is not None:
         if layout.key_index is None:
             raise ValueError("a packed layout with a prefix cache needs layout.key_index")
         k = torch.cat([prefix_k, k], dim=0).index_select(0, layout.key_index)
         v = torch.cat([prefix_v, v], dim=0).index_select(0, layout.key_index)
-    return varlen_attention(
+    return seer_kernels.varlen_attention(
         q, k, v, layout.cu_seqlens_q, layout.cu_seqlens_k, layout.max_seqlen_q, layout.max_seqlen_k
     )
 
@@ -113,9 +115,7 @@ def attention(
 def swiglu(gate: torch.Tensor, up: torch.Tensor, taps: Taps | None) -> torch.Tensor:
     """silu(gate) * up, measuring its sparsity in the same pass when a tap asks for it."""
     if taps is not None and taps.mlp_sparsity_eps is not None:
-        from seer_kernels import swiglu_sparsity
-
-        act, sparsity = swiglu_sparsity(gate, up, taps.mlp_sparsity_eps)
+        act, sparsity = seer_kernels.swiglu_sparsity(gate, up, taps.mlp_sparsity_eps)
         taps.mlp_sparsity = sparsity
     else:
         act = F.silu(gate) * up
@@ -139,20 +139,43 @@ def block_forward(
 
     hidden [B, L, D] (padded) or [T, D] (packed); cos/sin fp32 for the query positions, shaped
     like hidden without its last dim plus head_dim. prefix_kv: this layer's cached prefix
-    (rotated keys, values) in the layout's form. Returns the new hidden state, same shape.
+    (rotated keys, values) in the layout's form. With ``taps.rows`` (packed hidden only) K/V are
+    projected for ``rows.kv_index`` alone, ``rows.attend`` replaces the attention core, and the
+    FFN runs for ``rows.ffn_index(ctx)`` alone (``seer_runtime.adapter.LayerRows``). Returns the
+    new hidden state, same shape.
     """
+    rows = taps.rows if taps is not None else None
+    if rows is not None and (taps.mlp_sparsity_eps is not None or taps.keep_mlp_act):
+        raise ValueError("taps cannot be served on a layer that computes only some rows (taps.rows): "
+                         "the MLP activation exists for those rows only")
     x_n = block.attn_norm(hidden)
-    q, k, v = block.project_qkv(x_n)
+    if rows is None:
+        q, k, v = block.project_qkv(x_n)
+        k = apply_rope(k, cos, sin, full_precision=rope_full_precision)
+    else:
+        index = rows.kv_index
+        q = block.project_q(x_n)
+        k, v = block.project_kv(seer_kernels.gather_rows(x_n, index, index.numel()))
+        k = apply_rope(k, cos.index_select(0, index), sin.index_select(0, index), full_precision=rope_full_precision)
     q = apply_rope(q, cos, sin, full_precision=rope_full_precision)
-    k = apply_rope(k, cos, sin, full_precision=rope_full_precision)
     if taps is not None and taps.keep_kv:
         taps.kv = (k, v)
-    pk, pv = prefix_kv if prefix_kv is not None else (None, None)
-    ctx = attention(q, k, v, layout, prefix_k=pk, prefix_v=pv)
+    if rows is None:
+        pk, pv = prefix_kv if prefix_kv is not None else (None, None)
+        ctx = attention(q, k, v, layout, prefix_k=pk, prefix_v=pv)
+    else:
+        ctx = rows.attend(q, k, v)
     ctx = ctx.reshape(*ctx.shape[:-2], -1)
     if taps is not None and taps.keep_attn_ctx:
         taps.attn_ctx = ctx
     hidden = hidden + block.project_out(ctx)
-    h = block.ffn_norm(hidden)
-    gate, up = block.mlp_gate_up(h)
-    return hidden + block.mlp_down(swiglu(gate, up, taps))
+    if rows is None:
+        gate, up = block.mlp_gate_up(block.ffn_norm(hidden))
+        ffn = block.mlp_down(swiglu(gate, up, taps))
+    else:
+        index = rows.ffn_index(ctx)
+        gate, up = block.mlp_gate_up(block.ffn_norm(seer_kernels.gather_rows(hidden, index, index.numel())))
+        ffn = rows.ffn_output(block.mlp_down(swiglu(gate, up, None)))
+    if taps is not None and taps.keep_ffn_out:
+        taps.ffn_out = ffn
+    return hidden + ffn

@@ -1,4 +1,4 @@
-"""The adapter surface every model here implements (DESIGN.md, "The seam").
+"""The adapter surface every model here implements (``seer_runtime.adapter.DiffusionAdapter``).
 
 :class:`DiffusionDecoder` is the base class of the LLaDA-family and Dream-family language models.
 It holds no parameters of its own: subclasses build the exact Hugging Face module tree and tell
@@ -11,8 +11,9 @@ drives a model only through the methods below, so it never sees a module name:
 ``position_ids(mask)``          the family's RoPE positions for a left-padded ``[B, L]`` mask
 ``embed(ids)``                  token embeddings ``[..., D]``
 ``embed_prompt(...)``           a request's prompt embeddings (text; images for a DMLLM)
-``layer(i, hidden, layout)``    one block; ``taps`` hands back MLP sparsity / attention context
-``block(i)``                    the block's sub-steps for DyLLM (norms, projections, MLP pieces)
+``layer(i, hidden, layout)``    one block; ``taps`` asks for MLP sparsity, K/V, context, FFN output,
+                                or restricts the rows it computes (DyLLM)
+``block(i)``                    the block's sub-steps (norms, projections, MLP pieces)
 ``head(hidden)``                final norm + LM head -> logits in the model dtype
 ``prefill(embeds, ...)``        prompt K/V computed once (:class:`PrefixKV`) + final hidden
 ==============================  ===========================================================
@@ -21,13 +22,14 @@ drives a model only through the methods below, so it never sees a module name:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
-from seer_runtime.layout import PackedLayout, PaddedLayout, PrefixKV, Taps, TokenIds
+from seer_runtime.adapter import PackedLayout, PaddedLayout, PrefixKV, Taps, TokenIds
 
-from .common import apply_rope, attention, block_forward, rope_cos_sin, swiglu
+from .common import block_forward, rope_cos_sin
 
 
 @dataclass
@@ -107,18 +109,6 @@ class DiffusionDecoder(nn.Module):
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """fp32 cos/sin for ``positions [...]`` -> ``[..., head_dim]``."""
         return rope_cos_sin(positions, self.head_dim, self.rope_theta)
-
-    def apply_rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """Rotate ``x [..., tokens, heads, d]`` as this family does (fp32 for LLaDA, model dtype for Dream)."""
-        return apply_rope(x, cos, sin, full_precision=self.rope_full_precision)
-
-    def attend(self, q, k, v, layout, *, prefix_k=None, prefix_v=None) -> torch.Tensor:
-        """This family's bidirectional attention core (padded: SDPA; packed: varlen kernel)."""
-        return attention(q, k, v, layout, prefix_k=prefix_k, prefix_v=prefix_v)
-
-    def swiglu(self, gate: torch.Tensor, up: torch.Tensor, taps: Taps | None = None) -> torch.Tensor:
-        """silu(gate) * up, measuring its sparsity in the same pass when ``taps`` asks."""
-        return swiglu(gate, up, taps)
 
     # -- the pieces the engine drives -----------------------------------------------------------
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -201,6 +191,24 @@ class DiffusionDecoder(nn.Module):
             keys.append(k.transpose(1, 2).contiguous())
             values.append(v.transpose(1, 2).contiguous())
         return PrefixKV(keys, values, key_mask, embeds.shape[1]), hidden
+
+
+def config_value(config: dict, key: str, default: Any = None) -> Any:
+    """``config[key]``, or ``default`` when the key is absent or null (as Hugging Face configs write it)."""
+    value = config.get(key, default)
+    return default if value is None else value
+
+
+def token_ids_from_config(config: dict, defaults: TokenIds) -> TokenIds:
+    """The special ids a ``config.json`` names (``mask_token_id``, ``eos_token_id``, ...), the
+    family's published ones where it names none."""
+    return TokenIds(
+        mask=int(config_value(config, "mask_token_id", defaults.mask)),
+        eos=int(config_value(config, "eos_token_id", defaults.eos)),
+        eot=int(config_value(config, "eot_token_id", defaults.eot)),
+        pad=int(config_value(config, "pad_token_id", defaults.pad)),
+        bos=int(config_value(config, "bos_token_id", defaults.bos)),
+    )
 
 
 def key_mask_from_attention_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:

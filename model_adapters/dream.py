@@ -25,26 +25,21 @@ from typing import Any
 import torch
 from torch import nn
 
-from seer_runtime.layout import PaddedLayout, TokenIds
+from seer_runtime.adapter import PaddedLayout, TokenIds
 
 from .common import RMSNorm
-from .decoder import DiffusionDecoder, ModelOutput
+from .decoder import DiffusionDecoder, ModelOutput, config_value, token_ids_from_config
 
 DREAM_TOKEN_IDS = TokenIds(mask=151666, eos=151643, eot=151645, pad=151643, bos=151643)
-
-
-def _get(config: dict, key: str, default: Any = None) -> Any:
-    value = config.get(key, default)
-    return default if value is None else value
 
 
 class DreamArgs:
     def __init__(self, config: dict):
         problems = []
-        act = _get(config, "hidden_act", "silu")
+        act = config_value(config, "hidden_act", "silu")
         if act != "silu":
             problems.append(f"hidden_act={act!r} (only 'silu')")
-        if _get(config, "use_sliding_window", False):
+        if config_value(config, "use_sliding_window", False):
             problems.append("use_sliding_window=true")
         if config.get("rope_scaling"):
             problems.append(f"rope_scaling={config['rope_scaling']!r}")
@@ -54,11 +49,11 @@ class DreamArgs:
         self.intermediate = int(config["intermediate_size"])
         self.n_layers = int(config["num_hidden_layers"])
         self.n_heads = int(config["num_attention_heads"])
-        self.n_kv_heads = int(_get(config, "num_key_value_heads", self.n_heads))
+        self.n_kv_heads = int(config_value(config, "num_key_value_heads", self.n_heads))
         self.vocab = int(config["vocab_size"])
-        self.rope_theta = float(_get(config, "rope_theta", 10000.0))
-        self.rms_norm_eps = float(_get(config, "rms_norm_eps", 1e-6))
-        self.tie = bool(_get(config, "tie_word_embeddings", False))
+        self.rope_theta = float(config_value(config, "rope_theta", 10000.0))
+        self.rms_norm_eps = float(config_value(config, "rms_norm_eps", 1e-6))
+        self.tie = bool(config_value(config, "tie_word_embeddings", False))
         if self.hidden % self.n_heads:
             raise ValueError(f"hidden_size={self.hidden} is not divisible by num_attention_heads={self.n_heads}")
         if self.n_heads % self.n_kv_heads:
@@ -66,14 +61,7 @@ class DreamArgs:
                 f"num_attention_heads={self.n_heads} not divisible by num_key_value_heads={self.n_kv_heads}"
             )
         self.head_dim = self.hidden // self.n_heads
-        d = DREAM_TOKEN_IDS
-        self.token_ids = TokenIds(
-            mask=int(_get(config, "mask_token_id", d.mask)),
-            eos=int(_get(config, "eos_token_id", d.eos)),
-            eot=int(_get(config, "eot_token_id", d.eot)),
-            pad=int(_get(config, "pad_token_id", d.pad)),
-            bos=int(_get(config, "bos_token_id", d.bos)),
-        )
+        self.token_ids = token_ids_from_config(config, DREAM_TOKEN_IDS)
 
 
 class DreamAttention(nn.Module):

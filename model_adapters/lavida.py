@@ -25,11 +25,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from seer_runtime.adapter import IMAGE_TOKEN_INDEX
+
 from .dream import DreamBaseModel, DreamModel
 from .llada import LLaDAModel, LLaDAModelLM
 from .siglip import SigLipVisionTower
 
-IMAGE_TOKEN_INDEX = -200
 DEFAULT_GRID_PINPOINTS = [(384, 768), (768, 384), (768, 768), (1152, 384), (384, 1152)]
 LAVIDA_SYSTEM_PROMPT = (
     "You are a helpful language and vision assistant. You are able to understand the visual content that the "

@@ -26,9 +26,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from seer_runtime.layout import PaddedLayout, TokenIds
+from seer_runtime.adapter import PaddedLayout, TokenIds
 
-from .decoder import DiffusionDecoder, ModelOutput, key_mask_from_attention_mask
+from .decoder import DiffusionDecoder, ModelOutput, config_value, key_mask_from_attention_mask, token_ids_from_config
 
 # LLaDA-8B-Instruct special tokens (tokenizer_config.json; MODELS.md §1.6)
 LLADA_TOKEN_IDS = TokenIds(mask=126336, eos=126081, eot=126348, pad=126081, bos=126080)
@@ -42,44 +42,39 @@ _UNSUPPORTED = {
 }
 
 
-def _get(config: dict, key: str, default: Any = None) -> Any:
-    value = config.get(key, default)
-    return default if value is None else value
-
-
 class LLaDAArgs:
     """The fields of an OLMo-style LLaDA ``config.json`` this definition reads (validated)."""
 
     def __init__(self, config: dict):
         problems = []
-        block_type = _get(config, "block_type", "llama")
+        block_type = config_value(config, "block_type", "llama")
         if block_type != "llama":
             problems.append(f"block_type={block_type!r} (only 'llama' is implemented)")
-        act = _get(config, "activation_type", "silu")
+        act = config_value(config, "activation_type", "silu")
         if act not in ("silu", "swiglu"):
             problems.append(f"activation_type={act!r} (only silu/swiglu)")
-        norm = _get(config, "layer_norm_type", "rms")
+        norm = config_value(config, "layer_norm_type", "rms")
         if norm != "rms":
             problems.append(f"layer_norm_type={norm!r} (only 'rms')")
         for key, value in _UNSUPPORTED.items():
-            if bool(_get(config, key, value)) != value:
+            if bool(config_value(config, key, value)) != value:
                 problems.append(f"{key}={config[key]!r}")
-        if not _get(config, "rope", True):
+        if not config_value(config, "rope", True):
             problems.append("rope=false")
         if problems:
             raise ValueError("unsupported LLaDA config options: " + "; ".join(problems))
         self.d_model = int(config["d_model"])
         self.n_heads = int(config["n_heads"])
-        self.n_kv_heads = int(_get(config, "n_kv_heads", self.n_heads))
+        self.n_kv_heads = int(config_value(config, "n_kv_heads", self.n_heads))
         self.n_layers = int(config["n_layers"])
         mlp_hidden = config.get("mlp_hidden_size")
-        self.mlp_hidden = int(mlp_hidden) if mlp_hidden else int(_get(config, "mlp_ratio", 4) * self.d_model)
-        self.rope_theta = float(_get(config, "rope_theta", 10000.0))
-        self.rope_full_precision = bool(_get(config, "rope_full_precision", True))
-        self.rms_norm_eps = float(_get(config, "rms_norm_eps", 1e-5))
-        self.weight_tying = bool(_get(config, "weight_tying", False))
-        self.include_bias = bool(_get(config, "include_bias", False))
-        self.include_qkv_bias = bool(_get(config, "include_qkv_bias", False))
+        self.mlp_hidden = int(mlp_hidden) if mlp_hidden else int(config_value(config, "mlp_ratio", 4) * self.d_model)
+        self.rope_theta = float(config_value(config, "rope_theta", 10000.0))
+        self.rope_full_precision = bool(config_value(config, "rope_full_precision", True))
+        self.rms_norm_eps = float(config_value(config, "rms_norm_eps", 1e-5))
+        self.weight_tying = bool(config_value(config, "weight_tying", False))
+        self.include_bias = bool(config_value(config, "include_bias", False))
+        self.include_qkv_bias = bool(config_value(config, "include_qkv_bias", False))
         # MMaDA resizes the embedding to new_vocab_size; otherwise embedding_size pads vocab_size.
         self.embedding_rows = int(
             config.get("new_vocab_size") or config.get("embedding_size") or config["vocab_size"]
@@ -89,14 +84,7 @@ class LLaDAArgs:
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads={self.n_heads} is not divisible by n_kv_heads={self.n_kv_heads}")
         self.head_dim = self.d_model // self.n_heads
-        d = LLADA_TOKEN_IDS
-        self.token_ids = TokenIds(
-            mask=int(_get(config, "mask_token_id", d.mask)),
-            eos=int(_get(config, "eos_token_id", d.eos)),
-            eot=int(_get(config, "eot_token_id", d.eot)),
-            pad=int(_get(config, "pad_token_id", d.pad)),
-            bos=int(_get(config, "bos_token_id", d.bos)),
-        )
+        self.token_ids = token_ids_from_config(config, LLADA_TOKEN_IDS)
 
 
 class LLaDALlamaBlock(nn.Module):

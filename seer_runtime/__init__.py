@@ -1,11 +1,40 @@
-"""The decoding engine, the Seer and DyLLM policies, and the batched-serving runtime.
+"""How a request is decoded: the engine, its policies (Seer, DyLLM, routed serving), calibration.
 
 ``generate(model, input_ids, *, attention_mask=None, images=None, gen=GenerationConfig(...),
-seer=None, dyllm=None)`` decodes a batch with any ``model_adapters`` model.
+seer=None, dyllm=None, router=None, policies=())`` decodes a batch with any model implementing
+``seer_runtime.adapter.DiffusionAdapter`` (every ``model_adapters`` model does).
+
+The names below are imported on first use, so that a model definition importing the adapter
+contract (``seer_runtime.adapter``) does not load the engine.
 """
 
-from .config import GenerationConfig
-from .dyllm import DyLLMConfig as DyLLMConfig
-from .engine import GenerationOutput, GenerationStats, generate
+from __future__ import annotations
 
-__all__ = ["GenerationConfig", "GenerationOutput", "GenerationStats", "generate"]
+import importlib
+
+# public name -> module that defines it
+_EXPORTS = {
+    "generate": "generation",
+    "GenerationConfig": "config",
+    "GenerationOutput": "engine",
+    "GenerationStats": "engine",
+    "DecodePolicy": "policy",
+    "SeerConfig": "seer",
+    "DyLLMConfig": "dyllm",
+    "RouterConfig": "serving.router",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'seer_runtime' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

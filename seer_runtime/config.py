@@ -1,4 +1,10 @@
-"""Frozen, self-validating configuration objects for :func:`seer_runtime.generate`."""
+"""Frozen, self-validating configuration objects, and the one rule they are stored by.
+
+:class:`StoredConfig` gives every config (``GenerationConfig`` here, ``SeerConfig``,
+``DyLLMConfig``, ``RouterConfig``) the same JSON form: an object holding the dataclass fields,
+tuples as lists, and optionally a ``calibration`` record beside them (what ``seer calibrate``
+measured; kept for people, ignored when loading). Any other key is an error that names it.
+"""
 
 from __future__ import annotations
 
@@ -12,14 +18,55 @@ from .schedules import SCHEDULES
 LLADA_REMASKING = ("low_confidence", "random", "margin", "entropy")
 DREAM_ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 
+#: the key a stored config may carry beside its fields (measurements, not settings)
+CALIBRATION_KEY = "calibration"
 
-def _check(cond: bool, message: str) -> None:
+
+def check(cond: bool, message: str) -> None:
+    """Raise ``ValueError(message)`` unless ``cond`` (the configs' validation idiom)."""
     if not cond:
         raise ValueError(message)
 
 
+class StoredConfig:
+    """Dictionary and JSON (de)serialisation shared by the frozen config dataclasses."""
+
+    def to_dict(self) -> dict:
+        """The fields as plain JSON values (tuples become lists)."""
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items()}
+
+    def replace(self, **changes):
+        """A copy with ``changes`` applied (validated again)."""
+        return type(self)(**{**{f.name: getattr(self, f.name) for f in fields(self)}, **changes})
+
+    def to_json(self, path: str | Path, *, calibration: dict | None = None) -> None:
+        """Write the fields, and the ``calibration`` record beside them when given."""
+        data = self.to_dict()
+        if calibration is not None:
+            data[CALIBRATION_KEY] = calibration
+        with open(path, "w") as f:
+            json.dump(data, f, indent=2)
+
+    @classmethod
+    def from_dict(cls, data: dict):
+        """The config stored in ``data``; a ``calibration`` record is skipped, any other key that
+        is not a field raises ``ValueError`` naming it."""
+        if not isinstance(data, dict):
+            raise TypeError(f"a {cls.__name__} must be read from a JSON object, got {type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known - {CALIBRATION_KEY})
+        if unknown:
+            raise ValueError(f"unknown {cls.__name__} fields: {unknown} (known: {sorted(known)})")
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    @classmethod
+    def from_json(cls, path: str | Path):
+        with open(path) as f:
+            return cls.from_dict(json.load(f))
+
+
 @dataclass(frozen=True)
-class GenerationConfig:
+class GenerationConfig(StoredConfig):
     """How a batch is decoded; validated on construction.
 
     gen_length:   response window length (LLaDA ``gen_length``, Dream/LaViDa ``max_new_tokens``).
@@ -70,38 +117,38 @@ class GenerationConfig:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        _check(isinstance(self.gen_length, int) and self.gen_length >= 1,
-               f"gen_length must be an int >= 1, got {self.gen_length!r}")
-        _check(self.steps is None or (isinstance(self.steps, int) and self.steps >= 1),
-               f"steps must be an int >= 1, got {self.steps!r}")
+        check(isinstance(self.gen_length, int) and self.gen_length >= 1,
+              f"gen_length must be an int >= 1, got {self.gen_length!r}")
+        check(self.steps is None or (isinstance(self.steps, int) and self.steps >= 1),
+              f"steps must be an int >= 1, got {self.steps!r}")
         if self.block_length is not None:
-            _check(isinstance(self.block_length, int) and self.block_length >= 1,
-                   f"block_length must be an int >= 1, got {self.block_length!r}")
-            _check(self.gen_length % self.block_length == 0,
-                   f"gen_length ({self.gen_length}) must be divisible by block_length ({self.block_length})")
+            check(isinstance(self.block_length, int) and self.block_length >= 1,
+                  f"block_length must be an int >= 1, got {self.block_length!r}")
+            check(self.gen_length % self.block_length == 0,
+                  f"gen_length ({self.gen_length}) must be divisible by block_length ({self.block_length})")
         if self.steps is not None and self.step_ratio is None:
-            _check(self.steps % self.num_blocks == 0,
-                   f"steps ({self.steps}) must be divisible by the number of blocks ({self.num_blocks})")
-        _check(math.isfinite(self.temperature) and self.temperature >= 0,
-               f"temperature must be >= 0, got {self.temperature!r}")
-        _check(math.isfinite(self.cfg_scale) and self.cfg_scale >= 0, f"cfg_scale must be >= 0, got {self.cfg_scale!r}")
-        _check(self.remasking in LLADA_REMASKING, f"remasking must be one of {LLADA_REMASKING}, got {self.remasking!r}")
-        _check(self.alg in DREAM_ALGS, f"alg must be one of {DREAM_ALGS}, got {self.alg!r}")
-        _check(self.alg_temp is None or self.alg_temp >= 0, f"alg_temp must be >= 0, got {self.alg_temp!r}")
-        _check(self.top_p is None or 0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p!r}")
-        _check(self.top_k is None or (isinstance(self.top_k, int) and self.top_k >= 1),
-               f"top_k must be an int >= 1, got {self.top_k!r}")
-        _check(0 < self.eps < 1, f"eps must be in (0, 1), got {self.eps!r}")
-        _check(self.schedule is None or self.schedule in SCHEDULES,
-               f"schedule must be None or one of {SCHEDULES}, got {self.schedule!r}")
-        _check(self.schedule_shift > 0, f"schedule_shift must be > 0, got {self.schedule_shift!r}")
-        _check(self.step_ratio is None or 0 < self.step_ratio <= 1,
-               f"step_ratio must be in (0, 1], got {self.step_ratio!r}")
-        _check(self.tie_break in ("reference", "stable"),
-               f"tie_break must be 'reference' or 'stable', got {self.tie_break!r}")
-        _check(self.rng in ("global", "per_request"), f"rng must be 'global' or 'per_request', got {self.rng!r}")
-        _check(not (self.cfg_scale > 0 and self.prefix_cache),
-               "cfg_scale > 0 needs the full prompt every step: it cannot be combined with prefix_cache=True")
+            check(self.steps % self.num_blocks == 0,
+                  f"steps ({self.steps}) must be divisible by the number of blocks ({self.num_blocks})")
+        check(math.isfinite(self.temperature) and self.temperature >= 0,
+              f"temperature must be >= 0, got {self.temperature!r}")
+        check(math.isfinite(self.cfg_scale) and self.cfg_scale >= 0, f"cfg_scale must be >= 0, got {self.cfg_scale!r}")
+        check(self.remasking in LLADA_REMASKING, f"remasking must be one of {LLADA_REMASKING}, got {self.remasking!r}")
+        check(self.alg in DREAM_ALGS, f"alg must be one of {DREAM_ALGS}, got {self.alg!r}")
+        check(self.alg_temp is None or self.alg_temp >= 0, f"alg_temp must be >= 0, got {self.alg_temp!r}")
+        check(self.top_p is None or 0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p!r}")
+        check(self.top_k is None or (isinstance(self.top_k, int) and self.top_k >= 1),
+              f"top_k must be an int >= 1, got {self.top_k!r}")
+        check(0 < self.eps < 1, f"eps must be in (0, 1), got {self.eps!r}")
+        check(self.schedule is None or self.schedule in SCHEDULES,
+              f"schedule must be None or one of {SCHEDULES}, got {self.schedule!r}")
+        check(self.schedule_shift > 0, f"schedule_shift must be > 0, got {self.schedule_shift!r}")
+        check(self.step_ratio is None or 0 < self.step_ratio <= 1,
+              f"step_ratio must be in (0, 1], got {self.step_ratio!r}")
+        check(self.tie_break in ("reference", "stable"),
+              f"tie_break must be 'reference' or 'stable', got {self.tie_break!r}")
+        check(self.rng in ("global", "per_request"), f"rng must be 'global' or 'per_request', got {self.rng!r}")
+        check(not (self.cfg_scale > 0 and self.prefix_cache),
+              "cfg_scale > 0 needs the full prompt every step: it cannot be combined with prefix_cache=True")
 
     @property
     def block(self) -> int:
@@ -110,19 +157,3 @@ class GenerationConfig:
     @property
     def num_blocks(self) -> int:
         return self.gen_length // self.block
-
-    def replace(self, **changes) -> GenerationConfig:
-        return type(self)(**{**asdict(self), **changes})
-
-    @classmethod
-    def from_dict(cls, data: dict) -> GenerationConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown GenerationConfig fields: {unknown}")
-        return cls(**data)
-
-
-def load_json(path: str | Path) -> dict:
-    with open(path) as f:
-        return json.load(f)

@@ -1,138 +1,56 @@
 """DyLLM: saliency-based token selection, cached FFN reuse and partial attention (SPEC.md §2).
 
-The algorithm (per request, per layer ``l``, per denoising step ``t``):
+Where DyLLM picks its rows: :class:`DyLLMPolicy`. The first ``full_steps`` steps compute
+everything (bitwise the baseline's layer) and fill per-layer caches of the rotated keys, the
+values, the attention context C (before the output projection) and the FFN output. In a sparse
+step the fed rows are packed once (``before_layers``) and every layer computes through a
+:class:`SparseLayer` (``adapter.LayerRows``): K/V only for the gating set A (the positions
+committed since the request's previous forward at layer 0, the salient set of the layer below
+after it), exact attention for A's query rows, partial attention for the others from their
+cached context (``seer_kernels.partial_attention``: the paper's ``C + P[:, A] dV``, by default
+corrected for the change of A's keys; or exact attention for every row), the new salient set
+``cos(C, C_cache) < tau`` (``seer_kernels.cosine_saliency``), and the FFN for the salient rows
+only (the others add their cached output). With ``tau > 1`` every row is salient and a sparse
+step computes what a dense one does.
 
-* **Warm-up** - the first ``full_steps`` steps compute everything, exactly as the baseline
-  engine does (the same sub-steps in the same order: the logits are bitwise the baseline's),
-  and fill per-layer caches of the rotated keys K, the values V, the attention context C
-  (``softmax(QK^T)V`` over all heads, before the output projection, heads concatenated) and
-  the FFN output (the output of the down projection, before the residual add).
-* **Sparse steps** - layer ``l`` is gated by a set ``A`` of positions: at ``l = 0`` the
-  positions committed in the previous step (every fed position when ``tau > 1``), at
-  ``l > 0`` the set found at ``l - 1``. K/V are projected only for the rows in ``A`` and
-  merged into the cache (``dV = V_new[A] - V_old[A]``); Q for every fed row. Query rows in
-  ``A`` get exact attention; the others a partial attention (``seer_kernels.partial_attention``)
-  from their cached context and the columns of ``A`` only, with ``P`` the exact softmax over
-  **all** keys: the paper's ``C = C_cache + P[:, A] @ dV`` (``key_correction=False``) or, the
-  default, the same update corrected for the change of ``A``'s keys (below); or exact
-  attention for every fed row (``approx_attention=False``). The new salient set is
-  ``A' = {i : cos(C_i, C_cache_i) < tau}`` (strict, ``seer_kernels.cosine_saliency``). The
-  output projection and the residual run for every fed row; the FFN (ffn_norm, gate/up,
-  down) only for the rows in ``A'`` (gathered with ``gather_rows``), the other rows add their
-  cached FFN output; the C cache takes the new context of every fed row and the FFN cache
-  the new outputs (``scatter_rows``). ``A'`` gates layer ``l + 1``.
-
-What is exact and what is approximated: a warm-up step is the baseline. In a sparse step
-the K/V of rows outside ``A`` are the cached ones (computed from an older hidden state), the
-context of a non-salient query row is approximated (below), and rows outside ``A'`` reuse an
-older FFN output. With
-``tau > 1`` every row is salient at every layer (the initial set included), so a sparse step
-computes exactly what a dense step computes (up to the summation order of the attention reference) and, with
-``prompt_period = 1``, the output equals the baseline token for token.
-
-Response-only steps (no prefix cache): on sparse steps with ``t % prompt_period != 0`` only
-the response window is fed; the prompt's K/V come from the per-layer cache and the prompt
-rows keep their cached C and FFN output, so their hidden states - in particular the final
-state of the last prompt position, which the Dream family reads to predict window position
-0 - are those of the last step that fed them (kept in a small cache). Every
-``prompt_period``-th step the prompt rows are fed too, still saliency-gated (the gating set
-of layer 0 holds only the window's committed positions, so prompt rows keep their cached K/V
-at layer 0 and recompute their FFN only when their context moved). There is never a full
-recompute after warm-up.
-
-Composition. The prefix KV cache (LaViDa): the prompt is never fed, its K/V come from the
-``PrefixKV``; DyLLM's caches cover the window only. Seer: its step 0 is a warm-up step;
-``on_cut`` slices the caches to the shorter windows and later steps run on them. The PWR
-router (``routed.py``) keeps DyLLM on the padded layout and runs one forward per group of a
-step; each forward is planned on its own (a window padded to its group's bucket, past every
-live position, caches only the live part). Batches: caches are per request, addressed by the
-global request index, so requests can leave the forward when they are done; each forward
-packs its real rows back to back (left padding of the prompt and dead window positions past a
-request's own window length are excluded from the queries and from the keys) with index maps
-built once per forward.
-
-The attention of the rows outside the gating set, three first-class modes
-(``DyLLMConfig.attention_mode``):
-
-* ``"paper"`` (``key_correction=False``): ``C = C_cache + P[:, A] @ dV``. This accounts for
-  the change of ``A``'s values but not of their keys: ``P_new V_new - P_old V_old =
-  P_new[:, A] dV + (P_new - P_old) V_old``, and the paper drops the second term. When a
-  masked position is committed its key changes as much as its value, so on the embedded demo
-  model this changes 92 of 288 held-out answers (exact match 0.583 vs the baseline's 0.819).
-* ``"partial"`` (the default): the same columns, with the key change accounted for. With the
-  row's current query, ``C_cache`` is taken apart into the unchanged keys' part and ``A``'s old
-  part (their old keys, the cached ones before the update, and old values ``V - dV``), ``A``'s
-  part is swapped for the new one and the row renormalised (``seer_kernels.partial_attention``
-  with ``k_old``). It is exact when the row's query, the keys and values outside ``A`` and
-  ``A``'s cached keys and values are the ones ``C_cache`` was computed with (a prompt row's
-  context, refreshed only every ``prompt_period`` steps, is older than that), reduces to the
-  paper's update when ``A``'s keys did not change, and costs ``O(N |A| d)`` like it (scores
-  against the old keys and one more ``P[:, A]`` product). Where ``A``'s old keys held more than
-  half of a row's attention the split is ill-conditioned and the row takes the paper's update
-  (so every row of a request whose keys are all in ``A`` does). On the previous embedded model
-  (0.832 held out): 17 of 288 answers changed, exact match 0.819 (the baseline's); on the
-  current one `seer calibrate-dyllm` finds no change at tau 0.98-0.995 on 128 requests.
-* ``"exact"`` (``approx_attention=False``): exact attention for every fed row (previous
-  model: 13 changed, 0.830).
-
-The partial attentions save only the ``P @ V`` half of the non-salient rows' attention
-(``QK^T`` over every key is needed for the softmax normaliser either way), which at LLaDA-8B
-shapes (d_model 4096, FFN 12288, 10% salient rows) is 2% (300 keys) to 9% (1200 keys) of a
-sparse step's multiply-accumulates, but their error feeds the saliency test downstream (more
-rows turn salient). As for Seer, a checkpoint can get its own choice:
-:func:`seer_runtime.calibrate_dyllm.calibrate_dyllm` (``seer calibrate-dyllm``) measures tau
-and the attention mode on requests with their baseline answers and writes the cheapest
-configuration that keeps the accuracy within a tolerance; the embedded model ships its
-choice (``model_adapters/embedded/dyllm_config.json``).
-
-Where the sparse step's attention runs: through ``seer_kernels.partial_attention`` (or
-``varlen_attention`` for exact attention) wherever ``seer_kernels.use_triton`` says (CUDA, the
-interpreter); otherwise as one padded torch computation over all requests of the forward, the
-same math as the ops' references without their loop over requests.
-
-Choices where the papers are silent (ours, documented here):
-
-* The step index ``t`` of the warm-up and period rules is the engine's step (steps are
-  shared by the batch); the prompt is fed on steps with ``t % prompt_period == 0``.
-* A forward runs dense when any of its requests is not warm: fewer than ``full_steps`` dense
-  forwards so far, or a window longer than its caches (Seer's over-truncation guard extends
-  or re-decodes a window): one dense forward rebuilds the caches.
-* The initial set of a sparse step is the set of positions committed since the request's
-  previous forward (DyLLM's code: the last decoded positions), never the prompt.
-* The C cache is overwritten with the new context of every fed row (exact or approximated),
-  as DyLLM's code does: the test compares consecutive steps, not a row's last salient step.
-* Classifier-free guidance is not supported (``cfg_scale`` must be 0).
-* K/V are projected for the gating set only when the block exposes ``project_q`` and
-  ``project_kv``; blocks that expose only ``project_qkv`` project K/V for every fed row and
-  keep the gating set's (same result, less saving). The rotation and the dense attention of
-  a warm-up step mirror ``model_adapters.common`` (``seer_runtime`` does not import the model
-  layer); ``tests/dyllm`` checks that a warm-up layer equals ``model.layer`` bitwise.
-
-Statistics (``stats.extra["dyllm"]``): one record per forward (mode, fed rows, per layer the
-gating and salient counts, exact vs approximated attention rows, FFN rows computed and
-skipped, tokens computed = positions whose K/V or FFN were computed, and the ideal
-multiply-accumulate count against the dense forward of the same rows), and totals with the
-ideal FLOP ratio.
+Without a prefix cache the prompt is fed only on steps ``t % prompt_period == 0`` (its K/V,
+context and FFN output come from the caches otherwise); with one the prompt is never fed. A
+forward runs dense while any of its requests has had fewer than ``full_steps`` dense forwards
+or has a window longer than its caches (Seer's guard grew it). Classifier-free guidance is not
+supported. Statistics: ``stats.extra["dyllm"]``, one record per forward (fed rows, per-layer
+gating / salient / exact-attention counts, FFN rows computed and skipped, positions computed,
+ideal multiply-accumulates against the dense forward of the same rows) and the totals.
+Measurements: bench/RESULTS.md ("DyLLM").
 """
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
-from .layout import PaddedLayout, PrefixKV, Taps
+from seer_kernels import (
+    cosine_saliency,
+    gather_rows,
+    partial_attention,
+    scatter_rows,
+    use_triton,
+    varlen_attention,
+)
+
+from .adapter import PackedLayout, PrefixKV, Taps
+from .config import StoredConfig
+from .engine import DecodeRun, Forward
+from .policy import DecodePolicy
 
 #: tau when ``DyLLMConfig.tau`` is None, per model family (the paper's defaults)
 DEFAULT_TAU = {"llada": 0.99, "dream": 0.995}
 
 
 @dataclass(frozen=True)
-class DyLLMConfig:
+class DyLLMConfig(StoredConfig):
     """DyLLM's settings; validated on construction. See the module docstring.
 
     tau: cosine-similarity threshold, a row is salient when ``cos < tau``; None -> the family
@@ -142,16 +60,11 @@ class DyLLMConfig:
     prompt_period: without a prefix cache, the prompt is fed on steps ``t`` with
         ``t % prompt_period == 0`` and only the window on the others (1: always fed).
     approx_attention: True (the default) approximates the rows outside the gating set from
-        their cached context and the salient columns only (``partial_attention``; the paper's
-        update together with ``key_correction=False``);
-        False gives every fed query row exact attention (see the module docstring;
-        ``seer calibrate-dyllm`` chooses per checkpoint).
+        their cached context and the salient columns only (``partial_attention``); False gives
+        every fed query row exact attention.
     key_correction: with ``approx_attention``, True (the default) also accounts for the change
-        of the salient rows' keys (``partial_attention(..., k_old=...)``; see the module
-        docstring for when it is exact); False is the paper's ``C_cache + P[:, A] @ dV``
-        verbatim, which accounts for the change of their values only. A JSON file without this
-        field but with a ``calibration`` record (``seer calibrate-dyllm`` before the field
-        existed) measured the paper's update, so it loads with False.
+        of the salient rows' keys (``partial_attention(..., k_old=...)``); False is the paper's
+        ``C_cache + P[:, A] @ dV`` verbatim, which accounts for the change of their values only.
     """
 
     tau: float | None = None
@@ -199,268 +112,180 @@ class DyLLMConfig:
             raise ValueError(f"model family {family!r} has no DyLLM default (known: {sorted(DEFAULT_TAU)})")
         return cls(**{"tau": DEFAULT_TAU[family], **changes})
 
-    def replace(self, **changes) -> DyLLMConfig:
-        return type(self)(**{**asdict(self), **changes})
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    def to_json(self, path: str | Path, **extra) -> None:
-        """Write the fields (and ``extra`` keys beside them, e.g. ``calibration=``) as JSON."""
-        clash = sorted(set(extra) & {f.name for f in fields(self)})
-        if clash:
-            raise ValueError(f"extra keys {clash} would overwrite DyLLMConfig fields; use replace() instead")
-        with open(path, "w") as f:
-            json.dump({**self.to_dict(), **extra}, f, indent=2)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> DyLLMConfig:
-        """The fields of ``data``; a ``calibration`` record (``seer calibrate-dyllm``) is skipped,
-        any other unknown key is an error. A calibrated record without ``key_correction`` was
-        written before that field existed and measured the paper's update: it loads with False."""
-        if not isinstance(data, dict):
-            raise TypeError(f"a DyLLMConfig must be read from a JSON object, got {type(data).__name__}")
-        known = {f.name for f in fields(cls)}
-        if "calibration" in data and "key_correction" not in data:  # calibrated before the field existed
-            data = {**data, "key_correction": False}
-        data = {k: v for k, v in data.items() if k != "calibration"}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown DyLLMConfig fields: {unknown}")
-        return cls(**data)
-
-    @classmethod
-    def from_json(cls, path: str | Path) -> DyLLMConfig:
-        with open(path) as f:
-            return cls.from_dict(json.load(f))
-
 
 # ------------------------------------------------------------------------------------ per forward
 @dataclass
-class _Forward:
-    """One forward's plan; the sparse fields (packed index maps) are built once per forward."""
+class SparseForward:
+    """One forward as DyLLM runs it: ``mode`` "full" (warm-up or rebuild), "prompt" (sparse,
+    prompt fed) or "response" (sparse, window only), and for a sparse one the index maps of its
+    real fed rows packed back to back (built once per forward)."""
 
     rows: list[int]
-    idx: torch.Tensor
-    step: int | None
-    mode: str  # "full" (warm-up / rebuild), "prompt" (sparse, prompt fed) or "response" (sparse, window only)
+    index: torch.Tensor
+    step: int
+    mode: str
     offset: int = 0  # fed prompt positions before the window
-    # sparse: packed query rows (real fed rows, row-major)
-    tq: int = 0
-    q_src: torch.Tensor | None = None  # int64 [Tq]: flat index into the fed hidden [R * Lq]
-    q_row: torch.Tensor | None = None  # int64 [Tq]: local row of each query
-    q_cache: torch.Tensor | None = None  # int64 [Tq]: flat index into a cache [B * Lc]
-    q_pk: torch.Tensor | None = None  # int64 [Tq]: packed key row of each query's own key
-    cos: torch.Tensor | None = None
-    sin: torch.Tensor | None = None
+    num_queries: int = 0  # packed query rows (the real fed rows, row-major)
+    query_src: torch.Tensor | None = None  # int64 [Tq]: flat index into the fed hidden [R * Lq]
+    query_row: torch.Tensor | None = None  # int64 [Tq]: local row of each query
+    query_cache: torch.Tensor | None = None  # int64 [Tq]: flat index into a cache [B * Lc]
+    query_key: torch.Tensor | None = None  # int64 [Tq]: packed key row of each query's own key
     cu_q: torch.Tensor | None = None
     cu_k: torch.Tensor | None = None
     max_q: int = 0
     max_k: int = 0
-    tk: int = 0
-    kc_src: torch.Tensor | None = None  # cache keys: flat cache index -> packed key row kc_dst
-    kc_dst: torch.Tensor | None = None
-    kp_row: torch.Tensor | None = None  # prefix keys (row, position) -> packed key row kp_dst
-    kp_pos: torch.Tensor | None = None
-    kp_dst: torch.Tensor | None = None
+    num_keys: int = 0
+    cache_key_src: torch.Tensor | None = None  # cache keys: flat cache index -> packed key row cache_key_dst
+    cache_key_dst: torch.Tensor | None = None
+    prefix_key_row: torch.Tensor | None = None  # prefix keys (row, position) -> packed key row prefix_key_dst
+    prefix_key_pos: torch.Tensor | None = None
+    prefix_key_dst: torch.Tensor | None = None
+    prefix: PrefixKV | None = None
     gate: torch.Tensor | None = None  # int64 ascending packed query rows: the current gating set
-    nq_r: torch.Tensor | None = None  # float64 [R] real fed rows per request
-    nk_r: torch.Tensor | None = None  # float64 [R] keys per request
-    # the torch attention path: packed rows laid out padded per request
-    q_pad: torch.Tensor | None = None  # int64 [R, max_q] packed query row (0 where padding)
-    q_pad_mask: torch.Tensor | None = None  # bool [R, max_q]
-    k_pad: torch.Tensor | None = None  # int64 [R, max_k] packed key row (0 where padding)
-    k_pad_mask: torch.Tensor | None = None  # bool [R, max_k]
+    queries_per_request: torch.Tensor | None = None  # float64 [R]
+    keys_per_request: torch.Tensor | None = None  # float64 [R]
+    padded_input: torch.Tensor | None = None  # the forward's padded hidden state before packing
     record: dict = field(default_factory=dict)
 
-    def set_padded_maps(self, cu_q: torch.Tensor, cu_k: torch.Tensor) -> None:
-        """``q_pad``/``k_pad`` and their masks from the int64 prefix sums of each request's query
-        and key rows (``max_q``/``max_k`` set): row ``i`` of request ``r`` is packed row ``cu[r] + i``."""
-        aq, ak = torch.arange(self.max_q, device=cu_q.device), torch.arange(self.max_k, device=cu_k.device)
-        self.q_pad_mask, self.k_pad_mask = aq[None] < cu_q.diff()[:, None], ak[None] < cu_k.diff()[:, None]
-        self.q_pad = torch.where(self.q_pad_mask, cu_q[:-1, None] + aq[None], 0)
-        self.k_pad = torch.where(self.k_pad_mask, cu_k[:-1, None] + ak[None], 0)
 
+class DyLLMPolicy(DecodePolicy):
+    """Saliency-gated sparse steps over per-request caches (see the module docstring)."""
 
-class DyLLMPolicy:
-    """Mixed into ``DecodeRun`` (after ``SeerPolicy``): saliency-gated sparse steps.
+    name = "dyllm"
+    packed_layouts = False  # the caches are laid out per padded row
 
-    Overrides ``forward`` (to learn the step), ``window_inputs`` (chooses the mode and feeds
-    the window alone on response-only steps), ``run_layer`` (the warm-up and sparse layers),
-    ``on_cut`` (slices the caches), ``window_logits`` (closes the forward's bookkeeping) and
-    ``output`` (adds ``stats.extra["dyllm"]``).
-    """
+    def __init__(self, config: DyLLMConfig) -> None:
+        self.config = config
 
-    dyllm: DyLLMConfig
-
-    def init_dyllm(self, cfg: DyLLMConfig) -> None:
-        if not isinstance(cfg, DyLLMConfig):
-            raise TypeError(f"dyllm must be a DyLLMConfig, got {type(cfg).__name__}")
-        if self.gen.cfg_scale > 0:
+    def on_request(self, run: DecodeRun) -> None:
+        if run.gen.cfg_scale > 0:
             raise ValueError(f"cfg_scale: DyLLM does not support classifier-free guidance (cfg_scale="
-                             f"{self.gen.cfg_scale}); use cfg_scale=0 with dyllm")
-        if not hasattr(self.model, "block"):
-            raise TypeError(f"{type(self.model).__name__} does not expose block(i) (the sub-steps DyLLM runs)")
-        self.dyllm = cfg
-        self.tau = cfg.tau_for(self.model.family)
-        self._dy_pre = 0 if self.use_cache else self.Lp  # prompt positions held in DyLLM's caches
-        self._dy_cap = self.W  # window positions held in DyLLM's caches
-        n = self.layers
-        self._dy_k: list[torch.Tensor | None] = [None] * n
-        self._dy_v: list[torch.Tensor | None] = [None] * n
-        self._dy_c: list[torch.Tensor | None] = [None] * n
-        self._dy_f: list[torch.Tensor | None] = [None] * n
-        self._dy_full_done = [0] * self.B
-        self._dy_valid = [0] * self.B  # window positions covered by valid caches, per request
-        self._dy_snap = self.x.clone()  # the window at each request's previous forward
-        self._dy_last: torch.Tensor | None = None  # Dream, no prefix cache: last prompt position's final state
-        self._dy_step: int | None = None
-        self._dy_fw: _Forward | None = None
-        self._dy_dims: dict[str, int] | None = None
-        self._dy_records: list[dict] = []
+                             f"{run.gen.cfg_scale}); use cfg_scale=0 with dyllm")
+        model = run.model
+        self.tau = self.config.tau_for(model.family)
+        self.cached_prompt = 0 if run.prefix_cache else run.prompt_len  # prompt positions held in the caches
+        self.capacity = run.width  # window positions held in the caches
+        layers = run.num_layers
+        self.keys: list[torch.Tensor | None] = [None] * layers
+        self.values: list[torch.Tensor | None] = [None] * layers
+        self.contexts: list[torch.Tensor | None] = [None] * layers
+        self.ffn_outputs: list[torch.Tensor | None] = [None] * layers
+        self.dense_forwards = [0] * run.batch_size
+        self.valid = [0] * run.batch_size  # window positions covered by valid caches, per request
+        self.snapshot = run.tokens.clone()  # the window at each request's previous forward
+        self.last_prompt_state: torch.Tensor | None = None  # Dream, no prefix cache: last prompt position's state
+        self.dims = {"D": model.hidden_size, "Hd": model.num_heads * model.head_dim,
+                     "Hkd": model.num_kv_heads * model.head_dim, "I": model.intermediate_size}
+        self.records: list[dict] = []
+        self.current: SparseForward | None = None
 
     # -- engine fixed points -------------------------------------------------------------------
-    def forward(self, rows, step, **kw):
-        self._dy_step = step
-        return super().forward(rows, step, **kw)
-
-    def window_inputs(self, rows: list[int], wmax: int):
-        step, self._dy_step = self._dy_step, None  # None: a forward the engine did not announce (Seer's step 0)
-        self._dy_fit(max(self.wlen))
-        cfg = self.dyllm
-        idx = torch.tensor(rows, device=self.device)
-        cold = any(self._dy_full_done[b] < cfg.full_steps or self._dy_valid[b] < self.wlen[b] for b in rows)
-        if step is None or cold:
-            hidden, layout, prefix, offset = super().window_inputs(rows, wmax)
-            self._dy_fw = _Forward(rows, idx, step, "full", offset)
-            return hidden, layout, prefix, offset
-        if self.use_cache or step % cfg.prompt_period == 0:
-            hidden, layout, prefix, offset = super().window_inputs(rows, wmax)
-            mode = "prompt" if offset else "response"
+    def plan_forward(self, run: DecodeRun, fwd: Forward) -> None:
+        self.fit(run.window.longest())
+        cfg = self.config
+        cold = any(self.dense_forwards[b] < cfg.full_steps or self.valid[b] < run.window[b] for b in fwd.rows)
+        if cold:
+            mode = "full"
+        elif run.prefix_cache or fwd.step % cfg.prompt_period == 0:
+            mode = "sparse"  # prompt or response: decided by what the layout feeds
         else:
             mode = "response"
-            live = self._live(rows, wmax)
-            hidden = self.model.embed(self.x[idx, :wmax])
-            layout = PaddedLayout(self.positions[idx, self.Lp: self.Lp + wmax], None if bool(live.all()) else live)
-            prefix, offset = None, 0
-        fw = _Forward(rows, idx, step, mode, offset)
-        self._dy_plan(fw, wmax, layout, prefix)
-        self._dy_fw = fw
-        return hidden, layout, prefix, offset
+            fwd.feed_prompt = False
+        self.current = SparseForward(fwd.rows, fwd.index, fwd.step, mode)
 
-    def run_layer(self, i, hidden, layout, *, rope, prefix, rows: list[int], step: int, taps=None):
-        fw = self._dy_fw
-        if fw is None:  # outside a forward this policy planned: the plain layer, no caching
-            return super().run_layer(i, hidden, layout, rope=rope, prefix=prefix, rows=rows, step=step, taps=taps)
-        if fw.step is None:
-            fw.step = step
-        if fw.mode == "full":
-            return self._dy_full_layer(i, hidden, layout, rope, prefix, taps, fw)
-        if taps is not None:
-            raise ValueError("taps cannot be served on a DyLLM sparse step (only the salient rows are computed)")
-        return self._dy_sparse_layer(i, hidden, prefix, fw)
+    def before_layers(self, run: DecodeRun, fwd: Forward) -> None:
+        plan = self.current
+        if plan.mode == "full":
+            return
+        plan.offset = fwd.offset
+        if plan.mode == "sparse":
+            plan.mode = "prompt" if fwd.offset else "response"
+        self._plan_sparse(run, plan, fwd)
+        rows, length, dim = fwd.hidden.shape
+        plan.padded_input = fwd.hidden
+        fwd.hidden = fwd.hidden.reshape(rows * length, dim).index_select(0, plan.query_src)
+        positions = fwd.layout.positions.reshape(-1)[plan.query_src]
+        fwd.layout = PackedLayout(positions, plan.cu_q, plan.cu_k, plan.max_q, plan.max_k)
+        fwd.rope = run.model.rope(positions)
+        plan.prefix, fwd.prefix = fwd.prefix, None  # the sparse layers read the prefix themselves
 
-    def on_cut(self, rows: list[int], offset: int, new_wmax: int) -> None:
-        super().on_cut(rows, offset, new_wmax)
-        self._dy_fit(max(self.wlen))
+    def layer_taps(self, run: DecodeRun, fwd: Forward, layer: int, taps: Taps) -> None:
+        if self.current.mode == "full":
+            taps.keep_kv = taps.keep_attn_ctx = taps.keep_ffn_out = True
+        else:
+            taps.rows = SparseLayer(self, run, self.current, layer)
 
-    def window_logits(self, hidden, offset: int, wmax: int) -> torch.Tensor:
-        fw = self._dy_fw
-        if fw is None:
-            return super().window_logits(hidden, offset, wmax)
-        self._dy_fw = None
-        if self.shift and not self.use_cache and offset > 0:
-            if self._dy_last is None:
-                self._dy_last = hidden.new_zeros(self.B, hidden.shape[-1])
-            self._dy_last[fw.idx] = hidden[: len(fw.rows), offset - 1]
-        self._dy_finish(fw)
-        if fw.mode == "response" and self.shift and not self.use_cache:
-            # the state that predicts window position 0 is the last prompt position's, not fed this step
-            last = self._dy_last[fw.idx].to(hidden.dtype)
-            return self.model.head(torch.cat([last[:, None], hidden[:, : wmax - 1]], dim=1))
-        return super().window_logits(hidden, offset, wmax)
+    def after_layer(self, run: DecodeRun, fwd: Forward, layer: int, taps: Taps) -> None:
+        if self.current.mode != "full":
+            return
+        # dense forwards feed [prompt | window] (no prefix cache) or the window: cache coordinates.
+        # A window padded past every live position (the router's buckets) keeps only the live part.
+        k, v = taps.kv
+        rows = len(fwd.rows)
+        length = min(k.shape[1], self.cached_prompt + self.capacity)
+        for caches, value in ((self.keys, k), (self.values, v), (self.contexts, taps.attn_ctx),
+                              (self.ffn_outputs, taps.ffn_out)):
+            self._cache(caches, layer, value, run.batch_size)[fwd.index, :length] = value[:rows, :length]
 
-    def output(self):
-        out = super().output()
-        out.stats.extra["dyllm"] = self.dyllm_stats()
-        return out
+    def after_layers(self, run: DecodeRun, fwd: Forward) -> None:
+        plan, self.current = self.current, None
+        if plan.mode != "full":  # back to the padded layout: pad rows pass through unchanged
+            out = plan.padded_input.clone(memory_format=torch.contiguous_format)
+            out.view(-1, out.shape[-1]).index_copy_(0, plan.query_src, fwd.hidden)
+            fwd.hidden = out
+        if run.logits_shift and not run.prefix_cache:
+            if fwd.offset > 0:
+                if self.last_prompt_state is None:
+                    self.last_prompt_state = fwd.hidden.new_zeros(run.batch_size, fwd.hidden.shape[-1])
+                self.last_prompt_state[fwd.index] = fwd.hidden[: len(fwd.rows), fwd.offset - 1]
+            elif plan.mode == "response":
+                # the state that predicts window position 0 is the last prompt position's, not fed now
+                fwd.first_state = self.last_prompt_state[fwd.index].to(fwd.hidden.dtype)
+        self._finish(run, plan)
+
+    def report(self, run: DecodeRun) -> dict:
+        return {"dyllm": self.stats(run)}
 
     # -- caches --------------------------------------------------------------------------------
-    def _live(self, rows: list[int], wmax: int) -> torch.Tensor:
-        return torch.arange(wmax, device=self.device)[None, :] < torch.tensor(
-            [self.wlen[r] for r in rows], device=self.device)[:, None]
-
-    def _dy_fit(self, cap: int) -> None:
-        """Resize every cache to ``cap`` window positions (Seer's cut shrinks, its guard grows)."""
-        if cap == self._dy_cap:
+    def fit(self, capacity: int) -> None:
+        """Resize every cache to ``capacity`` window positions (Seer's cut shrinks, its guard grows)."""
+        if capacity == self.capacity:
             return
-        keep = self._dy_pre + min(cap, self._dy_cap)
-        for caches in (self._dy_k, self._dy_v, self._dy_c, self._dy_f):
+        keep = self.cached_prompt + min(capacity, self.capacity)
+        for caches in (self.keys, self.values, self.contexts, self.ffn_outputs):
             for i, t in enumerate(caches):
                 if t is None:
                     continue
-                new = t.new_zeros((t.shape[0], self._dy_pre + cap, *t.shape[2:]))
+                new = t.new_zeros((t.shape[0], self.cached_prompt + capacity, *t.shape[2:]))
                 new[:, :keep] = t[:, :keep]
                 caches[i] = new
-        self._dy_cap = cap
-        self._dy_valid = [min(v, cap) for v in self._dy_valid]
+        self.capacity = capacity
+        self.valid = [min(v, capacity) for v in self.valid]
 
-    def _dy_alloc(self, caches: list, i: int, like: torch.Tensor) -> torch.Tensor:
+    def _cache(self, caches: list, i: int, like: torch.Tensor, batch: int) -> torch.Tensor:
         if caches[i] is None:
-            caches[i] = like.new_zeros((self.B, self._dy_pre + self._dy_cap, *like.shape[2:]))
+            caches[i] = like.new_zeros((batch, self.cached_prompt + self.capacity, *like.shape[2:]))
         return caches[i]
 
-    # -- the warm-up layer ---------------------------------------------------------------------
-    def _dy_full_layer(self, i, hidden, layout, rope, prefix: PrefixKV | None, taps: Taps | None, fw: _Forward):
-        """One block computed in full (``block_forward``'s sub-steps), filling layer ``i``'s caches."""
-        if not isinstance(layout, PaddedLayout):
-            raise TypeError("DyLLM drives padded layouts only")
-        blk = self.model.block(i)
-        cos, sin = rope
-        x_n = blk.attn_norm(hidden)
-        q, k, v = blk.project_qkv(x_n)
-        q = self.model.apply_rope(q, cos, sin)
-        k = self.model.apply_rope(k, cos, sin)
-        if taps is not None and taps.keep_kv:
-            taps.kv = (k, v)
-        pk = pv = None
-        if prefix is not None:
-            pk, pv = prefix.keys[i].transpose(1, 2), prefix.values[i].transpose(1, 2)
-        ctx = self.model.attend(q, k, v, layout, prefix_k=pk, prefix_v=pv)
-        ctx = ctx.reshape(*ctx.shape[:-2], -1)
-        if taps is not None and taps.keep_attn_ctx:
-            taps.attn_ctx = ctx
-        hidden = hidden + blk.project_out(ctx)
-        gate, up = blk.mlp_gate_up(blk.ffn_norm(hidden))
-        ffn = blk.mlp_down(self.model.swiglu(gate, up, taps))
-        if self._dy_dims is None:
-            self._dy_dims = {"D": hidden.shape[-1], "Hd": ctx.shape[-1], "Hkd": k.shape[-2] * k.shape[-1],
-                             "I": gate.shape[-1]}
-        # full forwards feed [prompt | window] (no prefix cache) or the window: cache coordinates.
-        # A window padded past every live position (the router's buckets) keeps only the live part.
-        n = len(fw.rows)
-        length = min(hidden.shape[1], self._dy_pre + self._dy_cap)
-        for caches, val in ((self._dy_k, k), (self._dy_v, v), (self._dy_c, ctx), (self._dy_f, ffn)):
-            self._dy_alloc(caches, i, val)[fw.idx, :length] = val[:n, :length]
-        return hidden + ffn
-
-    # -- the sparse layer ----------------------------------------------------------------------
-    def _dy_plan(self, fw: _Forward, wmax: int, layout: PaddedLayout, prefix: PrefixKV | None) -> None:
+    # -- the sparse forward's index maps -----------------------------------------------------------
+    def _plan_sparse(self, run: DecodeRun, plan: SparseForward, fwd: Forward) -> None:
         """Index maps of a sparse forward: real fed rows packed, keys packed per request."""
-        dev = self.device
-        R = len(fw.rows)
-        idx = fw.idx
-        pre, lc = self._dy_pre, self._dy_pre + self._dy_cap
-        live = self._live(fw.rows, wmax)
+        dev = run.device
+        R = len(plan.rows)
+        index = plan.index
+        width = fwd.width
+        pre, lc = self.cached_prompt, self.cached_prompt + self.capacity
+        live = run.window.live_mask(index, width)
         pmask = None
-        if pre or fw.offset:
-            pmask = (self.prompt_mask[idx] if self.prompt_mask is not None
-                     else torch.ones(R, self.Lp, dtype=torch.bool, device=dev))
-        fed = torch.cat([pmask, live], dim=1) if fw.offset else live  # [R, Lq]
+        if pre or plan.offset:
+            pmask = (run.prompt_mask[index] if run.prompt_mask is not None
+                     else torch.ones(R, run.prompt_len, dtype=torch.bool, device=dev))
+        fed = torch.cat([pmask, live], dim=1) if plan.offset else live  # [R, Lq]
         lq = fed.shape[1]
-        shift = pre - fw.offset  # cache coordinate of fed coordinate p is p + shift
-        kc = torch.cat([pmask, live], dim=1) if pre else live  # real cache keys, coordinates [0, pre + wmax)
+        shift = pre - plan.offset  # cache coordinate of fed coordinate p is p + shift
+        kc = torch.cat([pmask, live], dim=1) if pre else live  # real cache keys, coordinates [0, pre + width)
         lk = kc.shape[1]
+        prefix = fwd.prefix
         if prefix is not None:
             kp = prefix.key_mask if prefix.key_mask is not None else torch.ones(
                 R, prefix.length, dtype=torch.bool, device=dev)
@@ -475,270 +300,119 @@ class DyLLMPolicy:
         pk_map = cu_k[:-1, None] + np_r[:, None] + kc.long().cumsum(1) - 1  # [R, lk] packed key row
         q_src = fed.reshape(-1).nonzero().squeeze(1)
         q_row, q_pos = q_src // lq, q_src % lq
-        fw.q_src, fw.q_row = q_src, q_row
-        fw.q_cache = idx[q_row] * lc + q_pos + shift
-        fw.q_pk = pk_map[q_row, q_pos + shift]
-        fw.tq = int(q_src.numel())
+        plan.query_src, plan.query_row = q_src, q_row
+        plan.query_cache = index[q_row] * lc + q_pos + shift
+        plan.query_key = pk_map[q_row, q_pos + shift]
+        plan.num_queries = int(q_src.numel())
         kc_flat = kc.reshape(-1).nonzero().squeeze(1)
         kr, kj = kc_flat // lk, kc_flat % lk
-        fw.kc_src = idx[kr] * lc + kj
-        fw.kc_dst = pk_map[kr, kj]
+        plan.cache_key_src = index[kr] * lc + kj
+        plan.cache_key_dst = pk_map[kr, kj]
         if kp is not None:
             kp_flat = kp.reshape(-1).nonzero().squeeze(1)
-            fw.kp_row, fw.kp_pos = kp_flat // kp.shape[1], kp_flat % kp.shape[1]
-            fw.kp_dst = cu_k[fw.kp_row] + kp.long().cumsum(1)[fw.kp_row, fw.kp_pos] - 1
-        fw.cu_q, fw.cu_k = cu_q.to(torch.int32), cu_k.to(torch.int32)
-        fw.max_q, fw.max_k = int(nq_r.max()), int(nk_r.max())
-        fw.tk = int(cu_k[-1])
-        fw.nq_r, fw.nk_r = nq_r.double(), nk_r.double()
-        fw.set_padded_maps(cu_q, cu_k)  # the torch attention path's maps, once per forward
-        fw.cos, fw.sin = self.model.rope(layout.positions.reshape(-1)[q_src])
+            plan.prefix_key_row, plan.prefix_key_pos = kp_flat // kp.shape[1], kp_flat % kp.shape[1]
+            plan.prefix_key_dst = cu_k[plan.prefix_key_row] + kp.long().cumsum(1)[plan.prefix_key_row,
+                                                                                  plan.prefix_key_pos] - 1
+        plan.cu_q, plan.cu_k = cu_q.to(torch.int32), cu_k.to(torch.int32)
+        plan.max_q, plan.max_k = int(nq_r.max()), int(nk_r.max())
+        plan.num_keys = int(cu_k[-1])
+        plan.queries_per_request, plan.keys_per_request = nq_r.double(), nk_r.double()
         # layer 0's gating set: the positions committed since the request's previous forward
         if self.tau > 1:
-            fw.gate = torch.arange(fw.tq, device=dev)
+            plan.gate = torch.arange(plan.num_queries, device=dev)
         else:
             qmap = torch.full((R * lq,), -1, dtype=torch.long, device=dev)
-            qmap[q_src] = torch.arange(fw.tq, device=dev)
-            win = self.x[idx, :wmax]
-            committed = (self._dy_snap[idx, :wmax] == self.ids.mask) & (win != self.ids.mask) & live
-            fw.gate = qmap.view(R, lq)[:, fw.offset:][committed]
-        fw.record = {"fed": fw.tq, "gating": [], "salient": [], "union": [], "macs": 0.0}
+            qmap[q_src] = torch.arange(plan.num_queries, device=dev)
+            win = run.tokens[index, :width]
+            mask_id = run.token_ids.mask
+            committed = (self.snapshot[index, :width] == mask_id) & (win != mask_id) & live
+            plan.gate = qmap.view(R, lq)[:, plan.offset:][committed]
+        plan.record = {"fed": plan.num_queries, "gating": [], "salient": [], "union": [], "exact": [], "macs": 0.0}
 
-    def _pack(self, cache: torch.Tensor, pre: torch.Tensor | None, fw: _Forward) -> torch.Tensor:
+    def pack(self, cache: torch.Tensor, prefix: torch.Tensor | None, plan: SparseForward) -> torch.Tensor:
         """Keys (or values) of the forward packed per request: ``[prefix keys, cache keys]``."""
-        part = cache.view(-1, *cache.shape[2:]).index_select(0, fw.kc_src)
-        if pre is None:
+        part = cache.view(-1, *cache.shape[2:]).index_select(0, plan.cache_key_src)
+        if prefix is None:
             return part  # no prefix: the cache keys are the packed keys, in order
-        out = part.new_empty((fw.tk, *part.shape[1:]))
-        out.index_copy_(0, fw.kc_dst, part)
-        out.index_copy_(0, fw.kp_dst, pre[fw.kp_row, :, fw.kp_pos])
+        out = part.new_empty((plan.num_keys, *part.shape[1:]))
+        out.index_copy_(0, plan.cache_key_dst, part)
+        out.index_copy_(0, plan.prefix_key_dst, prefix[plan.prefix_key_row, :, plan.prefix_key_pos])
         return out
-
-    def _dy_sparse_layer(self, i, hidden, prefix: PrefixKV | None, fw: _Forward):
-        from seer_kernels import (
-            cosine_saliency,
-            gather_rows,
-            partial_attention,
-            scatter_rows,
-            use_triton,
-            varlen_attention,
-        )
-
-        blk = self.model.block(i)
-        R, lq, D = hidden.shape
-        tq = fw.tq
-        gate = fw.gate
-        n_a = int(gate.numel())
-        # whole-forward maps are plain index ops; the saliency-gated rows go through gather/scatter_rows
-        hq = hidden.reshape(R * lq, D).index_select(0, fw.q_src)
-        x_n = blk.attn_norm(hq)
-        project_q, project_kv = getattr(blk, "project_q", None), getattr(blk, "project_kv", None)
-        if project_q is not None and project_kv is not None:
-            q = project_q(x_n)
-            k_a, v_a = project_kv(gather_rows(x_n, gate, n_a))
-        else:  # the block projects Q, K and V together: keep the gating set's K/V
-            q, k_all, v_all = blk.project_qkv(x_n)
-            k_a, v_a = gather_rows(k_all, gate, n_a), gather_rows(v_all, gate, n_a)
-        q = self.model.apply_rope(q, fw.cos, fw.sin)
-        k_a = self.model.apply_rope(k_a, fw.cos.index_select(0, gate), fw.sin.index_select(0, gate))
-        kc = self._dy_k[i].view(-1, *self._dy_k[i].shape[2:])
-        vc = self._dy_v[i].view(-1, *self._dy_v[i].shape[2:])
-        at = fw.q_cache.index_select(0, gate)
-        dv = v_a - gather_rows(vc, at, n_a)
-        # the salient rows' keys before the update (the key-corrected partial attention)
-        k_old = gather_rows(kc, at, n_a) if self.dyllm.attention_mode == "partial" else None
-        scatter_rows(kc, at, n_a, k_a)
-        scatter_rows(vc, at, n_a, v_a)
-        pre_k = pre_v = None
-        if prefix is not None:
-            pre_k, pre_v = prefix.keys[i], prefix.values[i]
-        keys, values = self._pack(self._dy_k[i], pre_k, fw), self._pack(self._dy_v[i], pre_v, fw)
-        cc = self._dy_c[i].view(-1, self._dy_c[i].shape[-1])
-        ctx_old = cc.index_select(0, fw.q_cache)  # [Tq, H*d]
-        heads, d = q.shape[1], q.shape[2]
-        if self.dyllm.approx_attention:
-            exact = torch.zeros(tq, dtype=torch.bool, device=self.device)
-            exact[gate] = True
-            key_rows = fw.q_pk.index_select(0, gate)
-            if use_triton(q):
-                ctx = partial_attention(q, keys, values, ctx_old.view(tq, heads, d), dv, fw.cu_q, fw.cu_k,
-                                        fw.max_q, fw.max_k, exact, key_rows.to(torch.int32), n_a, k_old=k_old)
-            else:
-                ctx = self._dy_padded_attention(q, keys, values, fw, ctx_old.view(tq, heads, d), dv, key_rows, exact,
-                                                k_old=k_old)
-        else:
-            exact = torch.ones(tq, dtype=torch.bool, device=self.device)
-            if use_triton(q):
-                ctx = varlen_attention(q, keys, values, fw.cu_q, fw.cu_k, fw.max_q, fw.max_k)
-            else:
-                ctx = self._dy_padded_attention(q, keys, values, fw)
-        ctx = ctx.reshape(tq, heads * d)
-        index, count, _ = cosine_saliency(ctx, ctx_old, self.tau)
-        n_b = int(count)
-        sal = index[:n_b].long()
-        cc.index_copy_(0, fw.q_cache, ctx)
-        hq = hq + blk.project_out(ctx)
-        fc = self._dy_f[i].view(-1, self._dy_f[i].shape[-1])
-        if n_b:
-            gate_up = blk.mlp_gate_up(blk.ffn_norm(gather_rows(hq, sal, n_b)))
-            scatter_rows(fc, fw.q_cache.index_select(0, sal), n_b, blk.mlp_down(F.silu(gate_up[0]) * gate_up[1]))
-        hq = hq + fc.index_select(0, fw.q_cache)
-        out = hidden.clone(memory_format=torch.contiguous_format)  # pad rows pass through unchanged
-        out.view(R * lq, D).index_copy_(0, fw.q_src, hq)
-        self._dy_account(fw, gate, sal, exact)
-        fw.gate = sal
-        return out
-
-    @staticmethod
-    def _dy_padded_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, fw: _Forward,
-                             ctx_cache: torch.Tensor | None = None, dv: torch.Tensor | None = None,
-                             dv_key_rows: torch.Tensor | None = None,
-                             exact: torch.Tensor | None = None, *,
-                             k_old: torch.Tensor | None = None) -> torch.Tensor:
-        """The sparse step's attention on the torch path, all requests of the forward at once.
-
-        q ``[Tq, H, d]`` packed queries; keys/values ``[Tk, Hk, d]`` packed per request. Without
-        ``ctx_cache``: exact attention for every row (one padded SDPA). With it (DyLLM's partial
-        attention, the math of ``seer_kernels.partial_attention_reference``): rows where
-        ``exact`` get ``P @ V``, the others ``ctx_cache + P[:, A] @ dV``, ``P`` the softmax over
-        all keys and ``dV [n_a, Hk, d]`` placed at the packed key rows ``dv_key_rows``; with
-        ``k_old [n_a, Hk, d]`` (the keys of those rows before the update) the others get the
-        key-corrected update of ``partial_attention(..., k_old=...)``, with its fallback to the
-        paper's update where the salient keys held most of the row's old attention. fp32, as the
-        kernels' references compute; the kernels themselves run where ``use_triton`` says.
-        """
-        qp = q.float()[fw.q_pad].transpose(1, 2)  # [R, H, max_q, d]
-        kp = keys.float()[fw.k_pad].transpose(1, 2)  # [R, Hk, max_k, d]
-        vp = values.float()[fw.k_pad].transpose(1, 2)
-        key_mask = fw.k_pad_mask[:, None, None, :]
-        if ctx_cache is None:
-            out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=key_mask, enable_gqa=kp.shape[1] != qp.shape[1])
-            return out.transpose(1, 2)[fw.q_pad_mask].to(q.dtype)
-        group = qp.shape[1] // kp.shape[1]
-        if group > 1:
-            kp, vp = kp.repeat_interleave(group, dim=1), vp.repeat_interleave(group, dim=1)
-        scale = qp.shape[-1] ** -0.5
-        scores = ((qp @ kp.transpose(-1, -2)) * scale).masked_fill(~key_mask, float("-inf"))
-        cache = ctx_cache.float()[fw.q_pad].transpose(1, 2)
-        exact_pad = exact[fw.q_pad] & fw.q_pad_mask
-        if k_old is None:
-            dv_full = keys.new_zeros(keys.shape, dtype=torch.float32)
-            dv_full.index_copy_(0, dv_key_rows, dv.float())
-            dvp = dv_full[fw.k_pad].transpose(1, 2)
-            if group > 1:
-                dvp = dvp.repeat_interleave(group, dim=1)
-            probs = torch.softmax(scores, dim=-1)
-            out = torch.where(exact_pad[:, None, :, None], probs @ vp, cache + probs @ dvp)
-            return out.transpose(1, 2)[fw.q_pad_mask].to(q.dtype)
-        from seer_kernels.partial_attn import key_corrected_update
-
-        # A's keys laid out per request: [R, max_a] slots holding each one's column in the padded keys
-        n_a = dv_key_rows.numel()
-        cu_k = fw.cu_k.long()
-        req = torch.searchsorted(cu_k[1:], dv_key_rows, right=True)  # ascending rows -> their request
-        counts = torch.bincount(req, minlength=qp.shape[0])
-        slot = torch.arange(n_a, device=q.device) - (counts.cumsum(0) - counts)[req]
-        max_a = int(counts.max()) if n_a else 0
-        col = torch.zeros(qp.shape[0], max_a, dtype=torch.long, device=q.device)
-        a_mask = torch.zeros(qp.shape[0], max_a, dtype=torch.bool, device=q.device)
-        col[req, slot] = dv_key_rows - cu_k[req]
-        a_mask[req, slot] = True
-
-        def per_request(rows: torch.Tensor) -> torch.Tensor:  # [n_a, Hk, d] -> [R, H, max_a, d]
-            out = rows.new_zeros((qp.shape[0], max_a, *rows.shape[1:]), dtype=torch.float32)
-            out[req, slot] = rows.float()
-            out = out.transpose(1, 2)
-            return out.repeat_interleave(group, dim=1) if group > 1 else out
-
-        k_old_a, dv_a = per_request(k_old), per_request(dv)
-        v_old_a = per_request(values.index_select(0, dv_key_rows)) - dv_a
-        # the old scores against the row's max new score; 1 / l (the new keys' sum of exp(s - max))
-        # is the largest probability, exp(0) / l
-        probs = torch.softmax(scores, dim=-1)
-        a_cols = ~a_mask[:, None, None, :]
-        p_new_a = probs.gather(-1, col[:, None, None, :].expand(*probs.shape[:3], max_a)).masked_fill(a_cols, 0.0)
-        gap = (qp @ k_old_a.transpose(-1, -2)) * scale - scores.amax(-1, keepdim=True)
-        approx = key_corrected_update(cache + p_new_a @ dv_a, cache, p_new_a, gap.masked_fill(a_cols, float("-inf")),
-                                      probs.amax(-1, keepdim=True), v_old_a)
-        out = torch.where(exact_pad[:, None, :, None], probs @ vp, approx)
-        return out.transpose(1, 2)[fw.q_pad_mask].to(q.dtype)
 
     # -- statistics ----------------------------------------------------------------------------
-    def _dense_macs(self, rows: list[int]) -> float:
+    def dense_macs(self, run: DecodeRun, rows: list[int]) -> float:
         """Multiply-accumulates of one dense layer over ``rows`` as the baseline engine feeds them."""
-        d = self._dy_dims
+        d = self.dims
         per_row = d["D"] * d["Hd"] * 2 + 2 * d["D"] * d["Hkd"] + 3 * d["D"] * d["I"]
         total = 0.0
         for b in rows:
-            nk = self.prompt_real[b] + self.wlen[b]
-            n = self.wlen[b] if self.use_cache else nk
+            nk = run.prompt_lengths[b] + run.window[b]
+            n = run.window[b] if run.prefix_cache else nk
             total += n * per_row + 2.0 * n * nk * d["Hd"]
         return total
 
-    def _dy_account(self, fw: _Forward, gate: torch.Tensor, sal: torch.Tensor, exact: torch.Tensor) -> None:
-        d = self._dy_dims
-        R = len(fw.rows)
-        a_r = torch.bincount(fw.q_row.index_select(0, gate), minlength=R).double()
-        b_r = torch.bincount(fw.q_row.index_select(0, sal), minlength=R).double()
-        e_r = torch.bincount(fw.q_row[exact], minlength=R).double()
-        nq, nk = fw.nq_r, fw.nk_r
-        approx_cost = 3 if self.dyllm.attention_mode == "partial" else 1
+    def account(self, plan: SparseForward, gate: torch.Tensor, salient: torch.Tensor, exact: torch.Tensor) -> None:
+        """One sparse layer's counts and ideal multiply-accumulates, into ``plan.record``."""
+        d = self.dims
+        R = len(plan.rows)
+        a_r = torch.bincount(plan.query_row.index_select(0, gate), minlength=R).double()
+        b_r = torch.bincount(plan.query_row.index_select(0, salient), minlength=R).double()
+        e_r = torch.bincount(plan.query_row[exact], minlength=R).double()
+        nq, nk = plan.queries_per_request, plan.keys_per_request
+        approx_cost = 3 if self.config.attention_mode == "partial" else 1
         macs = (nq * (2 * d["D"] * d["Hd"]) + a_r * (2 * d["D"] * d["Hkd"]) + b_r * (3 * d["D"] * d["I"])
                 + nq * nk * d["Hd"]  # QK^T: every (query, key) pair, the softmax normaliser needs them all
                 + (e_r * nk + (nq - e_r) * a_r * approx_cost) * d["Hd"])  # P @ V for exact rows, P[:, A] @ dV
         # for the others (the key correction adds their scores against A's old keys and a P[:, A] @ V_old)
-        union = torch.zeros(fw.tq, dtype=torch.bool, device=self.device)
+        union = torch.zeros(plan.num_queries, dtype=torch.bool, device=gate.device)
         union[gate] = True
-        union[sal] = True
-        rec = fw.record
+        union[salient] = True
+        rec = plan.record
         rec["gating"].append(int(gate.numel()))
-        rec["salient"].append(int(sal.numel()))
+        rec["salient"].append(int(salient.numel()))
         rec["union"].append(int(union.sum()))
-        rec.setdefault("exact", []).append(int(exact.sum()))
+        rec["exact"].append(int(exact.sum()))
         rec["macs"] += float(macs.sum())
 
-    def _dy_finish(self, fw: _Forward) -> None:
-        rows = fw.rows
-        L = self.layers
-        dense = self._dense_macs(rows) * L if self._dy_dims is not None else 0.0
-        dense_tokens = sum((self.wlen[b] + (0 if self.use_cache else self.prompt_real[b])) for b in rows)
-        if fw.mode == "full":
+    def _finish(self, run: DecodeRun, plan: SparseForward) -> None:
+        rows, layers = plan.rows, run.num_layers
+        dense = self.dense_macs(run, rows) * layers
+        dense_tokens = sum(run.window[b] + (0 if run.prefix_cache else run.prompt_lengths[b]) for b in rows)
+        if plan.mode == "full":
             n = dense_tokens
-            rec = {"fed": n, "gating": [n] * L, "salient": [n] * L, "union": [n] * L, "exact": [n] * L,
-                   "macs": dense}
+            rec = {"fed": n, "gating": [n] * layers, "salient": [n] * layers, "union": [n] * layers,
+                   "exact": [n] * layers, "macs": dense}
             for b in rows:
-                self._dy_full_done[b] += 1
-                self._dy_valid[b] = self.wlen[b]
+                self.dense_forwards[b] += 1
+                self.valid[b] = run.window[b]
         else:
-            rec = fw.record
+            rec = plan.record
         fed = rec["fed"]
-        self._dy_records.append({
-            "step": fw.step, "mode": fw.mode, "rows": len(rows), "fed": fed,
+        self.records.append({
+            "step": plan.step, "mode": plan.mode, "rows": len(rows), "fed": fed,
             "salient_fraction": [s / fed if fed else 0.0 for s in rec["salient"]],
             "gating": rec["gating"],
             "attn_exact": rec["exact"], "attn_approx": [fed - e for e in rec["exact"]],
             "ffn_computed": rec["salient"], "ffn_skipped": [fed - s for s in rec["salient"]],
-            "tokens_computed": sum(rec["union"]), "tokens_dense": dense_tokens * L,
+            "tokens_computed": sum(rec["union"]), "tokens_dense": dense_tokens * layers,
             "macs": rec["macs"], "dense_macs": dense,
         })
-        self._dy_snap[fw.idx] = self.x[fw.idx]
+        self.snapshot[plan.index] = run.tokens[plan.index]
 
-    def dyllm_stats(self) -> dict:
+    def stats(self, run: DecodeRun) -> dict:
         """Totals over the run plus the per-forward records (see the module docstring)."""
-        recs = self._dy_records
+        recs, layers = self.records, run.num_layers
         sparse = [r for r in recs if r["mode"] != "full"]
-        per_layer = []
-        for layer in range(self.layers):
-            fed = sum(r["fed"] for r in sparse)
-            per_layer.append(sum(r["ffn_computed"][layer] for r in sparse) / fed if fed else None)
-        fed_sparse = sum(r["fed"] * self.layers for r in sparse)
+        fed = sum(r["fed"] for r in sparse)
+        per_layer = [sum(r["ffn_computed"][layer] for r in sparse) / fed if fed else None for layer in range(layers)]
+        fed_sparse = fed * layers
         dense_macs = sum(r["dense_macs"] for r in recs)
         return {
             "tau": self.tau,
-            "full_steps": self.dyllm.full_steps,
-            "prompt_period": self.dyllm.prompt_period,
-            "approx_attention": self.dyllm.approx_attention,
-            "key_correction": self.dyllm.key_correction,
+            "full_steps": self.config.full_steps,
+            "prompt_period": self.config.prompt_period,
+            "approx_attention": self.config.approx_attention,
+            "key_correction": self.config.key_correction,
             "forwards": {m: sum(r["mode"] == m for r in recs) for m in ("full", "prompt", "response")},
             "salient_fraction": (sum(sum(r["ffn_computed"]) for r in sparse) / fed_sparse) if fed_sparse else None,
             "salient_fraction_per_layer": per_layer,
@@ -751,3 +425,141 @@ class DyLLMPolicy:
             "ideal_flop_ratio": (sum(r["macs"] for r in recs) / dense_macs) if dense_macs else None,
             "steps": recs,
         }
+
+
+class SparseLayer:
+    """One layer of a sparse forward (``adapter.LayerRows``): the gating set's K/V into the
+    caches, partial (or exact) attention, the salient set, and the FFN of the salient rows."""
+
+    def __init__(self, policy: DyLLMPolicy, run: DecodeRun, plan: SparseForward, layer: int) -> None:
+        self.policy, self.run, self.plan, self.layer = policy, run, plan, layer
+        self.kv_index = plan.gate
+        self._context_before: torch.Tensor | None = None
+        self._exact: torch.Tensor | None = None
+        self._salient: torch.Tensor | None = None
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        policy, plan, i = self.policy, self.plan, self.layer
+        gate, n_a, num_q = plan.gate, plan.gate.numel(), plan.num_queries
+        key_cache = policy.keys[i].view(-1, *policy.keys[i].shape[2:])
+        value_cache = policy.values[i].view(-1, *policy.values[i].shape[2:])
+        at = plan.query_cache.index_select(0, gate)
+        dv = v - gather_rows(value_cache, at, n_a)
+        # the salient rows' keys before the update (the key-corrected partial attention)
+        k_old = gather_rows(key_cache, at, n_a) if policy.config.attention_mode == "partial" else None
+        scatter_rows(key_cache, at, n_a, k)
+        scatter_rows(value_cache, at, n_a, v)
+        prefix_k = prefix_v = None
+        if plan.prefix is not None:
+            prefix_k, prefix_v = plan.prefix.keys[i], plan.prefix.values[i]
+        keys, values = policy.pack(policy.keys[i], prefix_k, plan), policy.pack(policy.values[i], prefix_v, plan)
+        contexts = policy.contexts[i].view(-1, policy.contexts[i].shape[-1])
+        self._context_before = contexts.index_select(0, plan.query_cache)  # [Tq, H*d]
+        heads, d = q.shape[1], q.shape[2]
+        if policy.config.approx_attention:
+            exact = torch.zeros(num_q, dtype=torch.bool, device=q.device)
+            exact[gate] = True
+            key_rows = plan.query_key.index_select(0, gate)
+            cached = self._context_before.view(num_q, heads, d)
+            if use_triton(q):
+                ctx = partial_attention(q, keys, values, cached, dv, plan.cu_q, plan.cu_k, plan.max_q, plan.max_k,
+                                        exact, key_rows.to(torch.int32), n_a, k_old=k_old)
+            else:
+                ctx = _padded_attention(q, keys, values, plan, cached, dv, key_rows, exact, k_old=k_old)
+        else:
+            exact = torch.ones(num_q, dtype=torch.bool, device=q.device)
+            if use_triton(q):
+                ctx = varlen_attention(q, keys, values, plan.cu_q, plan.cu_k, plan.max_q, plan.max_k)
+            else:
+                ctx = _padded_attention(q, keys, values, plan)
+        self._exact = exact
+        return ctx
+
+    def ffn_index(self, ctx: torch.Tensor) -> torch.Tensor:
+        policy, plan, i = self.policy, self.plan, self.layer
+        index, count, _ = cosine_saliency(ctx, self._context_before, policy.tau)
+        self._salient = index[: int(count)].long()
+        policy.contexts[i].view(-1, policy.contexts[i].shape[-1]).index_copy_(0, plan.query_cache, ctx)
+        return self._salient
+
+    def ffn_output(self, out: torch.Tensor) -> torch.Tensor:
+        policy, plan, i = self.policy, self.plan, self.layer
+        ffn_cache = policy.ffn_outputs[i].view(-1, policy.ffn_outputs[i].shape[-1])
+        salient = self._salient
+        scatter_rows(ffn_cache, plan.query_cache.index_select(0, salient), salient.numel(), out)
+        policy.account(plan, plan.gate, salient, self._exact)
+        plan.gate = salient  # the salient set gates the next layer
+        return ffn_cache.index_select(0, plan.query_cache)
+
+
+def _padded_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, plan: SparseForward,
+                      ctx_cache: torch.Tensor | None = None, dv: torch.Tensor | None = None,
+                      dv_key_rows: torch.Tensor | None = None, exact: torch.Tensor | None = None, *,
+                      k_old: torch.Tensor | None = None) -> torch.Tensor:
+    """The sparse step's attention on the torch path, all requests of the forward at once.
+
+    q ``[Tq, H, d]`` packed queries; keys/values ``[Tk, Hk, d]`` packed per request. Without
+    ``ctx_cache``: exact attention for every row (one padded SDPA). With it: rows where
+    ``exact`` get ``P @ V``, the others ``ctx_cache + P[:, A] @ dV`` (``dV [n_a, Hk, d]`` at the
+    packed key rows ``dv_key_rows``), key-corrected with ``k_old``; fp32.
+    """
+    from seer_kernels.partial_attn import key_corrected_update
+
+    max_q, max_k = plan.max_q, plan.max_k
+    cu_q, cu_k = plan.cu_q.long(), plan.cu_k.long()
+    aq, ak = torch.arange(max_q, device=q.device), torch.arange(max_k, device=q.device)
+    q_pad_mask, k_pad_mask = aq[None] < cu_q.diff()[:, None], ak[None] < cu_k.diff()[:, None]
+    q_pad = torch.where(q_pad_mask, cu_q[:-1, None] + aq[None], 0)
+    k_pad = torch.where(k_pad_mask, cu_k[:-1, None] + ak[None], 0)
+    qp = q.float()[q_pad].transpose(1, 2)  # [R, H, max_q, d]
+    kp = keys.float()[k_pad].transpose(1, 2)  # [R, Hk, max_k, d]
+    vp = values.float()[k_pad].transpose(1, 2)
+    key_mask = k_pad_mask[:, None, None, :]
+    if ctx_cache is None:
+        out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=key_mask, enable_gqa=kp.shape[1] != qp.shape[1])
+        return out.transpose(1, 2)[q_pad_mask].to(q.dtype)
+    group = qp.shape[1] // kp.shape[1]
+    if group > 1:
+        kp, vp = kp.repeat_interleave(group, dim=1), vp.repeat_interleave(group, dim=1)
+    scale = qp.shape[-1] ** -0.5
+    scores = ((qp @ kp.transpose(-1, -2)) * scale).masked_fill(~key_mask, float("-inf"))
+    cache = ctx_cache.float()[q_pad].transpose(1, 2)
+    exact_pad = exact[q_pad] & q_pad_mask
+    if k_old is None:
+        dv_full = keys.new_zeros(keys.shape, dtype=torch.float32)
+        dv_full.index_copy_(0, dv_key_rows, dv.float())
+        dvp = dv_full[k_pad].transpose(1, 2)
+        if group > 1:
+            dvp = dvp.repeat_interleave(group, dim=1)
+        probs = torch.softmax(scores, dim=-1)
+        out = torch.where(exact_pad[:, None, :, None], probs @ vp, cache + probs @ dvp)
+        return out.transpose(1, 2)[q_pad_mask].to(q.dtype)
+    # A's keys laid out per request: [R, max_a] slots holding each one's column in the padded keys
+    n_a = dv_key_rows.numel()
+    req = torch.searchsorted(cu_k[1:], dv_key_rows, right=True)  # ascending rows -> their request
+    counts = torch.bincount(req, minlength=qp.shape[0])
+    slot = torch.arange(n_a, device=q.device) - (counts.cumsum(0) - counts)[req]
+    max_a = int(counts.max()) if n_a else 0
+    col = torch.zeros(qp.shape[0], max_a, dtype=torch.long, device=q.device)
+    a_mask = torch.zeros(qp.shape[0], max_a, dtype=torch.bool, device=q.device)
+    col[req, slot] = dv_key_rows - cu_k[req]
+    a_mask[req, slot] = True
+
+    def per_request(rows: torch.Tensor) -> torch.Tensor:  # [n_a, Hk, d] -> [R, H, max_a, d]
+        out = rows.new_zeros((qp.shape[0], max_a, *rows.shape[1:]), dtype=torch.float32)
+        out[req, slot] = rows.float()
+        out = out.transpose(1, 2)
+        return out.repeat_interleave(group, dim=1) if group > 1 else out
+
+    k_old_a, dv_a = per_request(k_old), per_request(dv)
+    v_old_a = per_request(values.index_select(0, dv_key_rows)) - dv_a
+    # the old scores against the row's max new score; 1 / l (the new keys' sum of exp(s - max))
+    # is the largest probability, exp(0) / l
+    probs = torch.softmax(scores, dim=-1)
+    a_cols = ~a_mask[:, None, None, :]
+    p_new_a = probs.gather(-1, col[:, None, None, :].expand(*probs.shape[:3], max_a)).masked_fill(a_cols, 0.0)
+    gap = (qp @ k_old_a.transpose(-1, -2)) * scale - scores.amax(-1, keepdim=True)
+    approx = key_corrected_update(cache + p_new_a @ dv_a, cache, p_new_a, gap.masked_fill(a_cols, float("-inf")),
+                                  probs.amax(-1, keepdim=True), v_old_a)
+    out = torch.where(exact_pad[:, None, :, None], probs @ vp, approx)
+    return out.transpose(1, 2)[q_pad_mask].to(q.dtype)

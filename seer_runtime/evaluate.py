@@ -1,18 +1,21 @@
-"""Run a set of requests in batches and measure what a serving system cares about.
+"""Requests, and running them in batches with the figures a serving system cares about.
 
-Used by ``seer demo``, ``seer calibrate`` and the benchmarks. A request is prompt ids (with
-``<image>`` placeholders), an optional image and, optionally, its reference answer ids.
+Used by ``seer demo``, the calibrations and the benchmarks. A request is prompt ids (with
+``<image>`` placeholders), an optional image and, optionally, its reference answer ids;
+:func:`read_requests_jsonl` reads them from a file.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
 from .config import GenerationConfig
-from .engine import generate
+from .generation import generate
 
 
 @dataclass
@@ -82,9 +85,10 @@ def pad_left(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch
 
 
 def run_requests(model, requests: list[Request], gen: GenerationConfig, *, seer=None, dyllm=None, router=None,
-                 graphs="auto", batch_size: int = 16, progress=None) -> RunResult:
+                 graphs="auto", policies=(), batch_size: int = 16, progress=None) -> RunResult:
     """Decode ``requests`` in batches of ``batch_size`` (in order) and gather the figures.
 
+    seer / dyllm / router / graphs / policies: as :func:`seer_runtime.generate` takes them;
     progress: a tqdm-like bar advanced by the number of requests of each batch, or None.
     """
     if not requests:
@@ -102,7 +106,7 @@ def run_requests(model, requests: list[Request], gen: GenerationConfig, *, seer=
         images = [r.image for r in batch] if multimodal else None
         t0 = time.perf_counter()
         out = generate(model, ids, attention_mask=mask, images=images, gen=gen, seer=seer, dyllm=dyllm,
-                       router=router, graphs=graphs)
+                       router=router, graphs=graphs, policies=policies)
         wall = time.perf_counter() - t0
         result.wall_s += wall
         result.batch_wall_s.append(wall)
@@ -128,3 +132,28 @@ def boundary_mae(predicted: list[int | None], true_end: list[int], window: int) 
     predicting the window's end."""
     errs = [abs((window if p is None else p) - t) for p, t in zip(predicted, true_end)]
     return sum(errs) / len(errs) if errs else float("nan")
+
+
+def read_requests_jsonl(path, *, encode_prompt, encode_answer, load_image, limit: int | None = None) -> list[Request]:
+    """Requests from a JSONL file: one object per line with ``question`` (str), optional
+    ``image`` (a path relative to the file) and optional ``answer`` (the reference; without it
+    the baseline's own answer is the reference). The callables come from the model layer."""
+    path = Path(path)
+    requests = []
+    for line_no, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--data {path}:{line_no}: not JSON ({exc})") from None
+        if not isinstance(item, dict) or not isinstance(item.get("question"), str):
+            raise ValueError(f"--data {path}:{line_no}: needs a 'question' string")
+        image = load_image(path.parent / item["image"]) if item.get("image") else None
+        truth = encode_answer(item["answer"]) if item.get("answer") is not None else None
+        requests.append(Request(encode_prompt(item["question"], with_image=image is not None), image, truth))
+        if limit is not None and len(requests) >= limit:
+            break
+    if not requests:
+        raise ValueError(f"--data {path} holds no requests")
+    return requests

@@ -1,51 +1,43 @@
 """Seer: step-zero end estimation and one-shot truncation of the response window (SPEC.md §1).
 
-At denoising step 0 the engine runs layers ``0..probe_layer`` on the full window, reads the MLP
-activation sparsity of the response positions at the probe layer(s) (the fused SwiGLU+sparsity
-kernel, through the adapter's tap), finds each request's boundary with the SNR jump-to-plateau
-test (``seer_kernels.snr_boundary``), and from the next layer on runs only the first ``L*``
-positions: the suffix never runs again and is reported as EOS.
+Where Seer cuts the window: :class:`SeerPolicy`. At step 0 layers ``0..probe_layer`` run on the
+full window; after the probe layer (``after_layer``) the MLP activation sparsity of the
+response positions gives each request's boundary by the SNR jump-to-plateau test
+(``seer_kernels.snr_boundary``), the windows are cut to ``L*`` (``run.window``) and the rest of
+step 0 and every later step run on the survivors; the cut suffix is reported as EOS.
 
-Probes (``SeerConfig.probe``):
+Probes (``SeerConfig.probe``): ``"sparsity"`` (the paper's); ``"eos_prob"`` (the first position
+whose step-0 ``P(EOS) + P(end-of-turn)`` reaches ``eos_threshold``; costs the rest of step 0
+on the full window); ``"both"`` (the sparsity cut, then checked by the end probability of the
+surviving positions: none looks like an end -> premature, re-extended to the next boundary;
+an earlier one does -> tightened to it).
 
-* ``"sparsity"`` - the paper's probe, decided inside step 0 after the probe layer;
-* ``"eos_prob"`` - the step-0 end-of-answer probability ``P(EOS) + P(end-of-turn)`` from the
-  final logits: the first position reaching ``eos_threshold`` ends the answer (costs the rest of
-  step 0 on the full window);
-* ``"oracle"`` - the lengths in ``oracle_keep_len`` (benchmarks of the serving path on
-  random-weight models, which have no answer end to find);
-* ``"both"`` - the sparsity cut, then the end-of-step-0 logits of the surviving positions check
-  it: when none of them looks like an end (``confirm_threshold``), the cut is premature and the
-  window is re-extended to the next sparsity boundary (or the full window) before step 1; when
-  an earlier surviving position already ends the answer, the window is tightened to it.
-
-Step schedule after a cut (our rule; the paper sets steps = window length): the configured
-tokens-per-step rate is kept. LLaDA family: blocks keep the configured grid, full blocks keep
-their steps, a block cut to m positions gets ceil(m x steps_per_block / block_length) steps.
-Dream family: ceil(L* x steps / gen_length) steps over the one schedule.
-
-Over-truncation guard (on by default): a request whose surviving window is fully decoded with no
-EOS / end-of-turn in it may have lost its tail. ``guard_mode="extend"`` doubles its window (up
-to ``gen_length``) with fresh masks and keeps decoding; ``"redecode"`` restarts it on the full
+After a cut the configured tokens-per-step rate is kept (``plans``). The over-truncation guard:
+a window fully decoded with no end token may have lost its tail; ``guard_mode="extend"``
+doubles it (up to ``gen_length``) with fresh masks, ``"redecode"`` restarts it on the full
 window. Every event is counted per request in ``stats.extra["seer"]``.
 """
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 
 import torch
 
-from .layout import PaddedLayout, Taps
+import seer_kernels
 
-PROBES = ("sparsity", "eos_prob", "both", "oracle")
+from .adapter import Taps
+from .config import StoredConfig, check
+from .engine import DecodeRun, Forward
+from .plans import dream_plan
+from .policy import DecodePolicy
+
+PROBES = ("sparsity", "eos_prob", "both")
 
 
 @dataclass(frozen=True)
-class SeerConfig:
+class SeerConfig(StoredConfig):
     """Seer's settings; validated on construction. See the module docstring.
 
     probe_layer: the layer whose MLP activation is read (0-based; the paper uses 3).
@@ -75,13 +67,8 @@ class SeerConfig:
     confirm_threshold: float | None = None
     guard: bool = True
     guard_mode: str = "extend"
-    oracle_keep_len: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
-        def check(cond, msg):
-            if not cond:
-                raise ValueError(msg)
-
         check(isinstance(self.probe_layer, int) and self.probe_layer >= 0,
               f"probe_layer must be >= 0, got {self.probe_layer!r}")
         eps = self.eps if isinstance(self.eps, (tuple, list)) else (self.eps,)
@@ -102,13 +89,8 @@ class SeerConfig:
         check(0 < self.eos_threshold <= 1, f"eos_threshold must be in (0, 1], got {self.eos_threshold!r}")
         check(self.confirm_threshold is None or 0 < self.confirm_threshold <= 1,
               f"confirm_threshold must be in (0, 1], got {self.confirm_threshold!r}")
-        if self.oracle_keep_len is not None:
-            object.__setattr__(self, "oracle_keep_len", tuple(int(x) for x in self.oracle_keep_len))
-        check((self.probe == "oracle") == (self.oracle_keep_len is not None),
-              "probe='oracle' and oracle_keep_len go together")
         check(self.guard_mode in ("extend", "redecode"),
               f"guard_mode must be extend or redecode, got {self.guard_mode!r}")
-
         if isinstance(self.eps, tuple):
             check(len(self.eps) == len(self.layers),
                   f"eps has {len(self.eps)} values for {len(self.layers)} probe layers")
@@ -124,24 +106,6 @@ class SeerConfig:
         if isinstance(self.eps, tuple):
             return float(self.eps[self.layers.index(layer)])
         return float(self.eps)
-
-    def to_json(self, path: str | Path, **extra) -> None:
-        data = asdict(self)
-        for key in ("probe_layers", "eps", "oracle_keep_len"):
-            if isinstance(data[key], tuple):
-                data[key] = list(data[key])
-        with open(path, "w") as f:
-            json.dump({**data, **extra}, f, indent=2)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> SeerConfig:
-        known = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in data.items() if k in known})
-
-    @classmethod
-    def from_json(cls, path: str | Path) -> SeerConfig:
-        with open(path) as f:
-            return cls.from_dict(json.load(f))
 
 
 def end_probability(logits: torch.Tensor, end_ids: tuple[int, ...]) -> torch.Tensor:
@@ -160,208 +124,169 @@ def first_reaching(values: torch.Tensor, threshold: float, live: list[int]) -> l
     return out
 
 
-class SeerPolicy:
-    """Mixed into ``DecodeRun``: the step-0 probe and cut, the confirmation, and the guard."""
+class SeerPolicy(DecodePolicy):
+    """The step-0 probe and cut, the confirmation of ``both``, and the over-truncation guard."""
 
-    seer: SeerConfig
+    name = "seer"
 
-    def init_seer(self, seer: SeerConfig) -> None:
-        self.seer = seer
-        bad = [layer for layer in seer.layers if layer >= self.layers] if seer.probe != "oracle" else []
+    def __init__(self, config: SeerConfig) -> None:
+        self.config = config
+
+    def on_request(self, run: DecodeRun) -> None:
+        bad = [layer for layer in self.config.layers if layer >= run.num_layers]
         if bad:
-            raise ValueError(f"seer probe layer(s) {bad} out of range: the model has {self.layers} layers")
+            raise ValueError(f"seer probe layer(s) {bad} out of range: the model has {run.num_layers} layers")
+        batch = run.batch_size
         self.cut_done = False
-        self.keep_len = [self.W] * self.B
-        self.boundary: list[int | None] = [None] * self.B
-        self.guard_events = [0] * self.B
-        self.premature = [0] * self.B
-        self.tightened = [0] * self.B
-        self.sparsity_profile: torch.Tensor | None = None
-        self.step0_end_prob: torch.Tensor | None = None
-        self._pending: dict[int, int] = {}
+        self.keep_len = [run.width] * batch
+        self.boundary: list[int | None] = [None] * batch
+        self.guard_events = [0] * batch
+        self.premature = [0] * batch
+        self.tightened = [0] * batch
+        self.profile: torch.Tensor | None = None  # step-0 sparsity of the window, averaged over the probe layers
+        self.pending: dict[int, int] = {}  # `both`: re-extensions applied after step 0
+        self._profile_sum: torch.Tensor | None = None
+        self.confirm_due = False
+        run.window.cut_pending = True
 
     # -- the cut ---------------------------------------------------------------------------------
-    def apply_cut(self, keep: list[int]) -> None:
+    def _probing(self, fwd: Forward) -> bool:
+        return fwd.step == 0 and not self.cut_done and self.config.probe in ("sparsity", "both")
+
+    def cut(self, run: DecodeRun, keep: list[int]) -> None:
+        """Request ``b`` keeps ``keep[b]`` positions from now on (its plan follows the shorter window)."""
         for b, n in enumerate(keep):
-            n = max(1, min(int(n), self.W))
-            self.wlen[b] = n
+            run.window.set(b, n)
             self.keep_len[b] = n
-            self.plans[b] = self.make_plan(b, n)
+            run.plans[b] = run.make_plan(b, n)
         self.cut_done = True
+        run.window.cut_pending = False
 
-    def _cut_inputs(self, rows, hidden, layout, rope, offset, wmax, cfg):
-        hidden = hidden[:, : offset + wmax]
-        cos, sin = rope
-        rope = (cos[:, : offset + wmax], sin[:, : offset + wmax])
-        live = torch.arange(wmax, device=self.device)[None, :] < torch.tensor(
-            [self.wlen[r] for r in rows], device=self.device)[:, None]
-        lead = layout.key_mask[:, : layout.key_mask.shape[1] - self.W] if layout.key_mask is not None else None
-        if lead is None:
-            n_lead = self.Lp  # prompt keys (cached or not) come first
-            lead = torch.ones(len(rows), n_lead, dtype=torch.bool, device=self.device)
-        else:
-            lead = lead[: len(rows)]
-        key_mask = torch.cat([lead, live], dim=1)
-        if cfg:
-            key_mask = torch.cat([key_mask, key_mask])
-        key_mask = None if bool(key_mask.all()) else key_mask
-        return hidden, PaddedLayout(layout.positions[:, : offset + wmax], key_mask), rope
+    def layer_taps(self, run: DecodeRun, fwd: Forward, layer: int, taps: Taps) -> None:
+        if self._probing(fwd) and layer in self.config.layers:
+            taps.mlp_sparsity_eps = self.config.eps_for(layer)
 
-    def _probe_profile(self, rows, step) -> tuple[torch.Tensor, torch.Tensor]:
-        """Run step 0 with the sparsity probe; returns (window logits after the cut, profile)."""
-        from seer_kernels import snr_boundary
+    def after_layer(self, run: DecodeRun, fwd: Forward, layer: int, taps: Taps) -> None:
+        """After the probe layer(s) of step 0: the boundary of every request, and the cut."""
+        if not self._probing(fwd) or layer not in self.config.layers:
+            return
+        s, width, rows = self.config, run.width, len(fwd.rows)
+        part = taps.mlp_sparsity[:rows, fwd.offset: fwd.offset + width]
+        self._profile_sum = part if self._profile_sum is None else self._profile_sum + part
+        if layer != max(s.layers):
+            return
+        self.profile = self._profile_sum / len(s.layers)
+        valid = torch.full((rows,), width, dtype=torch.int32, device=run.device)
+        # LaViDa-Dream's pre-filled first token is part of the answer
+        keep = seer_kernels.snr_boundary(self.profile, valid, tau_jump=s.tau_jump, gamma=s.gamma, window=s.window,
+                                         baseline_window=s.baseline_window,
+                                         min_position=max(s.min_position, run.first_masked))
+        keep_list = keep.tolist()  # the one host read of L* per generation
+        self.boundary = [k - 1 if k < width else None for k in keep_list]
+        self.cut(run, keep_list)
+        self.confirm_due = s.probe == "both"
+        run.narrow_forward(fwd, after_layer=layer)
 
-        s = self.seer
-        W = self.W
-        hidden, layout, prefix, offset = self.window_inputs(rows, W)
-        hidden, layout, cfg = self.guidance_inputs(hidden, layout, offset)
-        n = len(rows)
-        rope = self.model.rope(layout.positions)
-        probe_set, last = set(s.layers), max(s.layers)
-        acc = None
-        positions_full = hidden.shape[0] * hidden.shape[1]
-        for i in range(self.layers):
-            taps = Taps(mlp_sparsity_eps=s.eps_for(i)) if i in probe_set else None
-            hidden = self.run_layer(i, hidden, layout, rope=rope, prefix=prefix, rows=rows, step=step, taps=taps)
-            if taps is not None:
-                part = taps.mlp_sparsity[:n, offset: offset + W]
-                acc = part if acc is None else acc + part
-            if i == last:
-                profile = acc / len(s.layers)
-                valid = torch.full((n,), W, dtype=torch.int32, device=self.device)
-                with_first = self.first_mask  # LaViDa-Dream's pre-filled first token is part of the answer
-                keep = snr_boundary(profile, valid, tau_jump=s.tau_jump, gamma=s.gamma, window=s.window,
-                                    baseline_window=s.baseline_window,
-                                    min_position=max(s.min_position, with_first))
-                keep_list = keep.tolist()  # one host read per generation (the router removes it)
-                for b, k in enumerate(keep_list):
-                    self.boundary[b] = k - 1 if k < W else None
-                self.apply_cut(keep_list)
-                wmax = max(self.wlen[r] for r in rows)
-                hidden, layout, rope = self._cut_inputs(rows, hidden, layout, rope, offset, wmax, cfg)
-                self.on_cut(rows, offset, wmax)
-                self.stats.tokens_computed += positions_full * (last + 1)
-                self.cut_positions = hidden.shape[0] * hidden.shape[1]
-        self.stats.tokens_computed += self.cut_positions * (self.layers - last - 1)
-        for r in rows:
-            own_prompt = self.prompt_real[r] if offset else 0
-            self.per_request_tokens[r] += (own_prompt + W) * (last + 1) + (own_prompt + self.wlen[r]) * (
-                self.layers - last - 1)
-        logits = self.window_logits(hidden, offset, max(self.wlen[r] for r in rows))
-        self.stats.nfe += 1
-        return self.combine_guidance(logits, cfg), profile
-
-    def forward(self, rows, step):
-        if step != 0 or self.cut_done:
-            return super().forward(rows, step)
-        s = self.seer
-        if s.probe == "oracle":
-            if len(s.oracle_keep_len) != self.B:
-                raise ValueError(f"oracle_keep_len has {len(s.oracle_keep_len)} lengths for {self.B} requests")
-            self.apply_cut(list(s.oracle_keep_len))
-            for b, k in enumerate(s.oracle_keep_len):
-                self.boundary[b] = k - 1 if k < self.W else None
-            return super().forward(rows, step)
-        if s.probe == "eos_prob":
-            logits = super().forward(rows, step)
-            p_end = end_probability(logits, self.ids.end_ids)
-            self.step0_end_prob = p_end
+    def on_logits(self, run: DecodeRun, fwd: Forward, logits: torch.Tensor) -> torch.Tensor:
+        if fwd.step != 0:
+            return logits
+        if self.config.probe == "eos_prob" and not self.cut_done:
+            p_end = end_probability(logits, run.token_ids.end_ids)
             keep = []
-            for b, j in enumerate(first_reaching(p_end, s.eos_threshold, [self.W] * len(rows))):
-                j = max(j, self.first_mask) if j is not None else None
+            for b, j in enumerate(first_reaching(p_end, self.config.eos_threshold, [run.width] * len(fwd.rows))):
+                j = max(j, run.first_masked) if j is not None else None
                 self.boundary[b] = j
-                keep.append(self.W if j is None else j + 1)
-            self.apply_cut(keep)
-            return logits[:, : max(self.wlen)]
-        logits, profile = self._probe_profile(rows, step)
-        self.sparsity_profile = profile
-        if s.probe == "both":
-            self._confirm(rows, logits, profile)
+                keep.append(run.width if j is None else j + 1)
+            self.cut(run, keep)
+            return logits[:, : run.window.longest()]
+        if self.confirm_due:  # `both`: the sparsity cut of this forward, checked by its logits
+            self.confirm_due = False
+            self._confirm(run, fwd, logits)
         return logits
 
-    def _confirm(self, rows, logits, profile) -> None:
+    def _confirm(self, run: DecodeRun, fwd: Forward, logits: torch.Tensor) -> None:
         """``both``: check each cut with the end probability of its surviving positions."""
-        from seer_kernels import snr_boundary
-
-        s = self.seer
+        s = self.config
         threshold = s.confirm_threshold if s.confirm_threshold is not None else s.eos_threshold
-        p_end = end_probability(logits, self.ids.end_ids)
-        self.step0_end_prob = p_end
-        hits = first_reaching(p_end, threshold, [self.wlen[r] for r in rows])
-        for local, b in enumerate(rows):
-            if self.wlen[b] >= self.W:
+        p_end = end_probability(logits, run.token_ids.end_ids)
+        hits = first_reaching(p_end, threshold, [run.window[r] for r in fwd.rows])
+        for local, b in enumerate(fwd.rows):
+            if run.window[b] >= run.width:
                 continue
             j = hits[local]
             if j is None:
                 # premature: re-extend to the next sparsity boundary after this one (or the end)
-                nxt = snr_boundary(profile[local: local + 1], torch.tensor([self.W], device=self.device),
-                                   tau_jump=s.tau_jump, gamma=s.gamma, window=s.window,
-                                   baseline_window=s.baseline_window, min_position=self.wlen[b]).tolist()[0]
+                valid = torch.tensor([run.width], device=run.device)
+                nxt = seer_kernels.snr_boundary(self.profile[local: local + 1], valid, tau_jump=s.tau_jump,
+                                                gamma=s.gamma, window=s.window, baseline_window=s.baseline_window,
+                                                min_position=run.window[b]).tolist()[0]
                 self.premature[b] += 1
-                self._pending[b] = nxt
-            elif j + 1 < self.wlen[b]:
+                self.pending[b] = nxt
+            elif j + 1 < run.window[b]:
                 # an earlier surviving position already ends the answer: tighten to it
                 self.tightened[b] += 1
-                self.wlen[b] = self.keep_len[b] = max(j + 1, self.first_mask + 1)
-                self.plans[b] = self.make_plan(b, self.wlen[b])
+                n = max(j + 1, run.first_masked + 1)
+                run.window.set(b, n)
+                self.keep_len[b] = n
+                run.plans[b] = run.make_plan(b, n)
                 self.boundary[b] = j
 
     # -- extension and guard ---------------------------------------------------------------------
-    def extend(self, b: int, new_len: int, step: int) -> None:
-        """Give request ``b`` the masked positions ``[wlen, new_len)`` from step ``step + 1`` on."""
-        old = self.wlen[b]
-        new_len = min(self.W, new_len)
+    def extend(self, run: DecodeRun, b: int, new_len: int, step: int) -> None:
+        """Give request ``b`` the masked positions ``[length, new_len)`` (at most the full window)
+        from step ``step + 1`` on."""
+        old = run.window[b]
+        new_len = min(run.width, new_len)
         if new_len <= old:
             return
-        self.wlen[b] = new_len
-        plan = self.plans[b]
-        if self.model.family == "dream":
+        run.window.set(b, new_len)
+        plan = run.plans[b]
+        if run.rules.family == "dream":
             # one global schedule: re-plan every mask left (Dream's last step commits all of them)
-            from .engine import dream_plan
-
-            masks = int((self.x[b, :new_len] == self.ids.mask).sum())
-            self.plans[b] = plan.keep_first(step + 1).then(
-                dream_plan(new_len, self.gen, self.flavor, masks=masks, positions=masks))
+            masks = int((run.tokens[b, :new_len] == run.token_ids.mask).sum())
+            run.plans[b] = plan.keep_first(step + 1).then(
+                dream_plan(new_len, run.gen, run.rules, masks=masks, positions=masks))
             return
-        region = self.make_plan(b, new_len, start=old)
-        if not bool((self.x[b, :old] == self.ids.mask).any()):
+        region = run.make_plan(b, new_len, start=old)
+        if not bool((run.tokens[b, :old] == run.token_ids.mask).any()):
             plan = plan.keep_first(step + 1)  # the old window is done: drop its idle remaining steps
-        self.plans[b] = plan.then(region)
+        run.plans[b] = plan.then(region)
 
-    def redecode(self, b: int, step: int) -> None:
-        self.x[b, self.first_mask:] = self.ids.mask
-        self.wlen[b] = self.W
-        self.plans[b] = self.plans[b].keep_first(step + 1).then(self.make_plan(b, self.W))
+    def redecode(self, run: DecodeRun, b: int, step: int) -> None:
+        """Decode request ``b`` again on the full window from step ``step + 1`` on."""
+        run.tokens[b, run.first_masked:] = run.token_ids.mask
+        run.window.set(b, run.width)
+        run.plans[b] = run.plans[b].keep_first(step + 1).then(run.make_plan(b, run.width))
 
-    def step(self, step: int) -> bool:
-        more = super().step(step)
-        for b, target in list(self._pending.items()):
-            self.extend(b, target, step)
-        self._pending.clear()
-        if self.seer.guard and self.cut_done:
-            for b in range(self.B):
-                n = self.wlen[b]
-                if n >= self.W:
+    def after_step(self, run: DecodeRun, step: int) -> bool:
+        for b, target in list(self.pending.items()):
+            self.extend(run, b, target, step)
+        self.pending.clear()
+        guarded = False
+        if self.config.guard and self.cut_done:
+            for b in range(run.batch_size):
+                n = run.window[b]
+                if n >= run.width:
                     continue
-                window = self.x[b, :n]
-                if bool((window == self.ids.mask).any()):
+                window = run.tokens[b, :n]
+                if bool((window == run.token_ids.mask).any()):
                     continue
-                if any(bool((window == t).any()) for t in self.ids.end_ids):
+                if any(bool((window == t).any()) for t in run.token_ids.end_ids):
                     continue
                 self.guard_events[b] += 1  # fully decoded, no end token: the answer ran into the cut
-                if self.seer.guard_mode == "extend":
-                    self.extend(b, max(2 * n, n + 4), step)
+                if self.config.guard_mode == "extend":
+                    self.extend(run, b, max(2 * n, n + 4), step)
                 else:
-                    self.redecode(b, step)
-                more = True
-        return more or any(step + 1 < p.steps for p in self.plans)
+                    self.redecode(run, b, step)
+                guarded = True
+        return guarded or any(step + 1 < p.steps for p in run.plans)
 
-    def seer_stats(self) -> dict:
-        return {
+    def report(self, run: DecodeRun) -> dict:
+        return {"seer": {
             "keep_len": list(self.keep_len),
             "boundary": list(self.boundary),
-            "final_window": list(self.wlen),
+            "final_window": run.window.lengths,
             "guard_events": list(self.guard_events),
             "premature_cuts": list(self.premature),
             "tightened": list(self.tightened),
-        }
+        }}

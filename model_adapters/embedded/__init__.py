@@ -28,9 +28,10 @@ from pathlib import Path
 
 import torch
 
+from seer_runtime.adapter import IMAGE_TOKEN_INDEX, TokenIds
+
 EMBEDDED_DIR = Path(__file__).resolve().parent
 RESPONSE_WINDOW = 32
-IMAGE_TOKEN_INDEX = -200  # == model_adapters.IMAGE_TOKEN_INDEX (kept literal to avoid an import cycle)
 
 UNK, BOS, EOS, MASK = "<unk>", "<|startoftext|>", "<|endoftext|>", "<|mdm_mask|>"
 START_HEADER, END_HEADER, EOT = "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"
@@ -83,9 +84,7 @@ class EmbeddedTokenizer:
 
     @property
     def token_ids(self):
-        """The special ids as :class:`seer_runtime.layout.TokenIds`."""
-        from seer_runtime.layout import TokenIds
-
+        """The special ids as :class:`seer_runtime.adapter.TokenIds`."""
         return TokenIds(mask=self.mask_id, eos=self.eos_id, eot=self.eot_id, pad=self.pad_id, bos=self.bos_id)
 
     def config_ids(self) -> dict:

@@ -63,7 +63,7 @@ def calibration_requests(data: str | Path | None = None, n: int | None = None, m
     from PIL import Image
 
     from model_adapters.lavida import process_image
-    from seer_runtime.calibrate import read_requests_jsonl
+    from seer_runtime.evaluate import read_requests_jsonl
 
     from .tasks import IMAGE_SIZE
 

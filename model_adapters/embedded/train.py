@@ -300,7 +300,7 @@ def training_loss(model, tok: EmbeddedTokenizer, reqs: list[TaskRequest], gen: t
 
     vision_fp32: compute the prompt embeddings (image tokens included) outside autocast.
     """
-    from seer_runtime.layout import PaddedLayout
+    from seer_runtime.adapter import PaddedLayout
 
     b = len(reqs)
     dev = model.device
@@ -355,7 +355,7 @@ def step0_logits(model, tok: EmbeddedTokenizer, reqs: list[TaskRequest], window:
     prefix_cache=True: the prompt is prefilled once (attending only to itself) and the window
     attends to the cached prompt and itself, as LaViDa's prefix-DLM cache runs it.
     """
-    from seer_runtime.layout import PaddedLayout
+    from seer_runtime.adapter import PaddedLayout
 
     b = len(reqs)
     dev = model.device

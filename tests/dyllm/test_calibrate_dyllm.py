@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from seer_runtime import DyLLMConfig, GenerationConfig
-from seer_runtime.calibrate_dyllm import calibrate_dyllm, choose, ideal_speedup
+from seer_runtime.calibration.dyllm import calibrate_dyllm, choose, ideal_speedup
 from seer_runtime.evaluate import Request
 from tests.tiny_models import tiny
 
@@ -83,5 +83,7 @@ def test_calibrate_on_a_tiny_model(kind, tmp_path):
 def test_config_json_errors(tmp_path):
     with pytest.raises(TypeError, match="must be read from a JSON object"):
         DyLLMConfig.from_dict([1])
-    with pytest.raises(ValueError, match=r"extra keys \['tau'\] would overwrite"):
+    with pytest.raises(TypeError, match="unexpected keyword argument 'tau'"):  # only a calibration record
         DyLLMConfig().to_json(tmp_path / "d.json", tau=0.5)
+    with pytest.raises(ValueError, match=r"unknown DyLLMConfig fields: \['threshold'\]"):
+        DyLLMConfig.from_dict({"tau": 0.9, "threshold": 0.5, "calibration": {}})

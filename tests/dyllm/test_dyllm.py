@@ -15,13 +15,12 @@ import torch.nn.functional as F
 import model_adapters as ma
 import seer_kernels
 from seer_kernels.partial_attn import KEY_CORRECTION_MAX_GAP_LOG2, KEY_CORRECTION_MAX_OLD_MASS
-from seer_runtime import DyLLMConfig, GenerationConfig, generate
-from seer_runtime.calibrate_dyllm import ATTENTION_MODES
-from seer_runtime.dyllm import DyLLMPolicy
+from seer_runtime import DecodePolicy, DyLLMConfig, GenerationConfig, generate
+from seer_runtime.calibration.dyllm import ATTENTION_MODES
+from seer_runtime.dyllm import DyLLMPolicy, SparseForward, _padded_attention
+from seer_runtime.engine import DecodeRun
 from seer_runtime.evaluate import pad_left
-from seer_runtime.layout import PaddedLayout
-from seer_runtime.policies import build_run
-from seer_runtime.seer import SeerConfig
+from seer_runtime.seer import SeerConfig, SeerPolicy
 
 from ..tiny_models import tiny
 
@@ -82,23 +81,27 @@ def test_tau_above_one_equals_the_baseline_token_for_token(kind, cache):
     assert dy.stats.nfe == base.stats.nfe and dy.stats.steps == base.stats.steps
 
 
+def started_run(model, ids, mask, images, gen, *policies) -> DecodeRun:
+    """A DecodeRun with ``policies``, each told the request has started (what generate() does)."""
+    run = DecodeRun(model, ids, mask, images, gen, policies=policies)
+    for p in policies:
+        p.on_request(run)
+    return run
+
+
 @pytest.mark.parametrize("kind", ["llada-8b-instruct", "dream-v0-instruct-7b", "lavida-dream"])
-def test_warm_up_layer_is_bitwise_the_models_layer(kind):
-    """The warm-up layer mirrors the adapter's block composition: equal bit for bit."""
+def test_warm_up_forward_is_bitwise_the_baseline_forward(kind):
+    """A warm-up forward runs the model's own layers (asking them for K/V, context and FFN output):
+    its logits equal the baseline's bit for bit, and it fills the caches of every layer."""
     model = tiny(kind)
     ids, mask, images = batch(model)
-    run = build_run(model, ids, mask, images, gen_for(model), dyllm=DyLLMConfig())
-    rows = [0, 1, 2]
-    hidden, layout, prefix, offset = run.window_inputs(rows, run.W)
-    assert (prefix is not None) == model.is_multimodal and (layout.key_mask is not None)
-    rope = model.rope(layout.positions)
-    for i in range(model.num_layers):
-        want = model.layer(i, hidden, layout, rope=rope, prefix=prefix)
-        got = run.run_layer(i, hidden, layout, rope=rope, prefix=prefix, rows=rows, step=0)
-        assert torch.equal(got, want), i
-        hidden = want
-    # and it filled the caches of every fed position
-    assert all(c is not None for c in run._dy_k + run._dy_v + run._dy_c + run._dy_f)
+    policy = DyLLMPolicy(DyLLMConfig())
+    with torch.no_grad():
+        got = started_run(model, ids, mask, images, gen_for(model), policy).forward([0, 1, 2], 0)
+        want = DecodeRun(model, ids, mask, images, gen_for(model)).forward([0, 1, 2], 0)
+    assert torch.equal(got, want)
+    assert all(c is not None for c in policy.keys + policy.values + policy.contexts + policy.ffn_outputs)
+    assert policy.records[0]["mode"] == "full" and policy.dense_forwards == [1, 1, 1]
 
 
 # ------------------------------------------------------------------------------------ one sparse layer
@@ -110,7 +113,7 @@ def _rope(x, cos, sin, full):
     return x * cos.to(x.dtype) + rot(x) * sin.to(x.dtype)
 
 
-def oracle_layer(run, i, hidden, caches, gate_rows, fw_offset, rows, prefix, tau, mode="partial"):
+def oracle_layer(run, policy, i, hidden, caches, gate_rows, fw_offset, rows, prefix, tau, mode="partial"):
     """The algorithm restated per request on the padded layout (attention in float64, no packing).
 
     mode: the attention of the rows outside the gating set: "partial" (the key-corrected
@@ -119,15 +122,15 @@ def oracle_layer(run, i, hidden, caches, gate_rows, fw_offset, rows, prefix, tau
     K, V, C, Fc = (t.clone().double() for t in caches)
     out = hidden.clone()
     salient = []
-    pre = run._dy_pre
+    pre = policy.cached_prompt
     for r, b in enumerate(rows):
-        wl, lp = run.wlen[b], run.Lp
+        wl, lp = run.window[b], run.prompt_len
         pm = run.prompt_mask[b] if run.prompt_mask is not None else torch.ones(lp, dtype=torch.bool)
         fed_real = torch.cat([pm, torch.arange(hidden.shape[1] - lp) < wl]) if fw_offset else (
             torch.arange(hidden.shape[1]) < wl)
         fed = fed_real.nonzero().flatten()
         coord = fed + (pre - fw_offset)  # cache coordinates
-        pos = run.positions[b, coord + (run.Lp if run.use_cache else 0)]
+        pos = run.positions[b, coord + (run.prompt_len if run.prefix_cache else 0)]
         cos, sin = model.rope(pos)
         h = hidden[r, fed]
         x_n = blk.attn_norm(h)
@@ -137,7 +140,8 @@ def oracle_layer(run, i, hidden, caches, gate_rows, fw_offset, rows, prefix, tau
         a = torch.tensor(sorted(gate_rows[r]), dtype=torch.long)  # indices into `fed`
         k_old, v_old = K[b, coord[a]].clone(), V[b, coord[a]].clone()
         K[b, coord[a]], V[b, coord[a]] = k[a], v.double()[a]
-        real_keys = torch.cat([pm, torch.arange(run._dy_cap) < wl]) if pre else torch.arange(run._dy_cap) < wl
+        cap = policy.capacity
+        real_keys = torch.cat([pm, torch.arange(cap) < wl]) if pre else torch.arange(cap) < wl
         kk, vv = K[b, real_keys], V[b, real_keys]
         if prefix is not None:
             pk = prefix.keys[i][r].transpose(0, 1).double()
@@ -196,40 +200,50 @@ def test_sparse_layer_matches_a_per_request_oracle(kind, period, mode, monkeypat
     tau = 0.99
     cfg = DyLLMConfig(tau=tau, full_steps=2, prompt_period=period, **ATTENTION_MODES[mode])
     assert cfg.attention_mode == mode
-    run = build_run(model, ids, mask, images, gen_for(model), dyllm=cfg)
     seen, history, state = [], {}, {}
-    original, original_forward = DyLLMPolicy._dy_sparse_layer, DyLLMPolicy.forward
+    original_forward, original_layer = DecodeRun.forward, model.layer
 
-    def forward(self, rows, step):  # the window each request had at its previous forward
-        now = self.x.clone()
+    def forward(self, rows, step, **kw):  # the window each request had at its previous forward
+        now = self.tokens.clone()
         state["prev"] = dict(history)
-        out = original_forward(self, rows, step)
+        out = original_forward(self, rows, step, **kw)
         history.update({b: now[b] for b in rows})
         return out
 
-    def spy(self, i, hidden, prefix, fw):
+    def spy(i, hidden, layout, *, rope=None, prefix=None, taps=None):
+        sparse = taps.rows if taps is not None else None
+        if sparse is None:  # a warm-up layer
+            return original_layer(i, hidden, layout, rope=rope, prefix=prefix, taps=taps)
+        run, policy, fw = sparse.run, sparse.policy, sparse.plan
+        padded = fw.padded_input
+        dim, lq = padded.shape[-1], padded.shape[1]
+
+        def unpack(rows):  # the packed rows of the forward in its padded layout (pad rows: the input)
+            out = padded.clone()
+            out.view(-1, dim).index_copy_(0, fw.query_src, rows)
+            return out
+
         if i == 0:  # layer 0's gating set: the positions committed since the previous forward
-            mask_id, lq = self.ids.mask, hidden.shape[1]
-            got = {(int(r), int(c)) for r, c in zip(fw.q_row[fw.gate], fw.q_src[fw.gate] % lq)}
+            mask_id = run.token_ids.mask
+            got = {(int(r), int(c)) for r, c in zip(fw.query_row[fw.gate], fw.query_src[fw.gate] % lq)}
             want = {(r, fw.offset + p) for r, b in enumerate(fw.rows)
-                    for p in ((state["prev"][b] == mask_id) & (self.x[b] != mask_id)).nonzero().flatten().tolist()
-                    if p < self.wlen[b]}
+                    for p in ((state["prev"][b] == mask_id) & (run.tokens[b] != mask_id)).nonzero().flatten().tolist()
+                    if p < run.window[b]}
             assert got == want and want
-        qrow = fw.q_row
+        qrow = fw.query_row
         starts = fw.cu_q[:-1].long()
         gate = [(fw.gate[qrow[fw.gate] == r] - starts[r]).tolist() for r in range(len(fw.rows))]
-        caches = [t[i].clone() for t in (self._dy_k, self._dy_v, self._dy_c, self._dy_f)]
-        want = oracle_layer(self, i, hidden, caches, gate, fw.offset, fw.rows, prefix, tau, mode)
+        caches = [t[i].clone() for t in (policy.keys, policy.values, policy.contexts, policy.ffn_outputs)]
+        want = oracle_layer(run, policy, i, unpack(hidden), caches, gate, fw.offset, fw.rows, fw.prefix, tau, mode)
         n_in = fw.gate.numel()
-        got = original(self, i, hidden, prefix, fw)
-        seen.append((fw.mode, got, want, n_in, fw.gate.clone(), qrow, starts, [t[i].clone() for t in (
-            self._dy_k, self._dy_v, self._dy_c, self._dy_f)]))
+        got = original_layer(i, hidden, layout, rope=rope, prefix=prefix, taps=taps)
+        seen.append((fw.mode, unpack(got), want, n_in, fw.gate.clone(), qrow, starts, [t[i].clone() for t in (
+            policy.keys, policy.values, policy.contexts, policy.ffn_outputs)]))
         return got
 
-    monkeypatch.setattr(DyLLMPolicy, "_dy_sparse_layer", spy)
-    monkeypatch.setattr(DyLLMPolicy, "forward", forward)
-    with torch.no_grad():
-        run.decode()
+    monkeypatch.setattr(DecodeRun, "forward", forward)
+    monkeypatch.setattr(model, "layer", spy)
+    generate(model, ids, attention_mask=mask, images=images, gen=gen_for(model), dyllm=cfg)
     if model.is_multimodal:  # prefix cache: the prompt is never fed
         assert {m for m, *_ in seen} == {"response"}
     else:
@@ -325,46 +339,42 @@ def test_the_three_attention_modes(kind):
 def test_the_key_correction_is_counted_in_the_ideal_flops():
     """Per approximated (row, salient key) pair: one P[:, A] dV product (the paper), three with the
     key correction (scores against the old keys, one more P[:, A] product); the rest is equal."""
-    from types import SimpleNamespace
-
-    from seer_runtime.dyllm import _Forward
-
-    fw = _Forward(rows=[0], idx=torch.tensor([0]), step=5, mode="response")
-    fw.q_row, fw.tq = torch.zeros(6, dtype=torch.long), 6
-    fw.nq_r, fw.nk_r = torch.tensor([6.0], dtype=torch.float64), torch.tensor([10.0], dtype=torch.float64)
+    fw = SparseForward(rows=[0], index=torch.tensor([0]), step=5, mode="response")
+    fw.query_row, fw.num_queries = torch.zeros(6, dtype=torch.long), 6
+    fw.queries_per_request = torch.tensor([6.0], dtype=torch.float64)
+    fw.keys_per_request = torch.tensor([10.0], dtype=torch.float64)
     gate, sal = torch.tensor([1, 4]), torch.tensor([4])
     exact = torch.zeros(6, dtype=torch.bool)
     exact[gate] = True
     dims = {"D": 8, "Hd": 8, "Hkd": 8, "I": 16}
     macs = {}
     for mode in ("partial", "paper"):
-        fw.record = {"gating": [], "salient": [], "union": [], "macs": 0.0}
-        policy = SimpleNamespace(_dy_dims=dims, dyllm=DyLLMConfig(**ATTENTION_MODES[mode]), device="cpu")
-        DyLLMPolicy._dy_account(policy, fw, gate, sal, exact)
+        fw.record = {"gating": [], "salient": [], "union": [], "exact": [], "macs": 0.0}
+        policy = DyLLMPolicy(DyLLMConfig(**ATTENTION_MODES[mode]))
+        policy.dims = dims
+        policy.account(fw, gate, sal, exact)
         macs[mode] = fw.record["macs"]
     assert macs["partial"] - macs["paper"] == 2 * (6 - 2) * 2 * dims["Hd"]
 
 
 # ------------------------------------------------------------------------------------ response-only steps
 @pytest.mark.parametrize("kind", ["llada-8b-instruct", "dream-v0-instruct-7b"])
-def test_response_only_steps_feed_only_the_window(kind, monkeypatch):
+def test_response_only_steps_feed_only_the_window(kind):
     model = tiny(kind)
     ids, mask, _ = batch(model)
     shapes = {}
-    original = DyLLMPolicy.run_layer
 
-    def spy(self, i, hidden, layout, **kw):
-        shapes.setdefault(kw["step"], set()).add((hidden.shape[1], layout.positions.shape[1]))
-        return original(self, i, hidden, layout, **kw)
+    class FedPositions(DecodePolicy):  # composed after DyLLM: sees the layout DyLLM asked for
+        def before_layers(self, run, fwd):
+            shapes.setdefault(fwd.step, set()).add((fwd.offset + fwd.width, fwd.feed_prompt))
 
-    monkeypatch.setattr(DyLLMPolicy, "run_layer", spy)
     W, Lp = 16, ids.shape[1]
     out = generate(model, ids, attention_mask=mask, gen=gen_for(model, length=W),
-                   dyllm=DyLLMConfig(tau=0.999, full_steps=3, prompt_period=4))
+                   dyllm=DyLLMConfig(tau=0.999, full_steps=3, prompt_period=4), policies=[FedPositions()])
     assert not (out.responses == model.token_ids.mask).any()
     for step, seen in shapes.items():
         fed = Lp + W if step < 3 or step % 4 == 0 else W
-        assert seen == {(fed, fed)}, step
+        assert seen == {(fed, fed > W)}, step
     modes = [r["mode"] for r in out.stats.extra["dyllm"]["steps"]]
     assert modes[:7] == ["full", "full", "full", "response", "prompt", "response", "response"]
     assert modes.count("prompt") == len([s for s in shapes if s >= 3 and s % 4 == 0])
@@ -384,24 +394,30 @@ def plant(monkeypatch):
 
 @pytest.mark.parametrize("kind,cache", [("llada-8b-instruct", None), ("dream-v0-instruct-7b", None),
                                         ("lavida-llada", None), ("lavida-dream", None), ("lavida-llada", False)])
-def test_seer_dyllm_prefix_cache_compose(kind, cache, plant, monkeypatch):
+def test_seer_dyllm_prefix_cache_compose(kind, cache, plant):
     model = tiny(kind)
     plant([3, 6, 2])
     seer = SeerConfig(probe_layer=1, guard=False)  # the guard's extensions: test_seer_guard_extension_rebuilds
     gen = gen_for(model, prefix_cache=cache)
     cuts = []
-    original = DyLLMPolicy.on_cut
+    dyllm = DyLLMPolicy(EXACT)
 
-    def spy(self, rows, offset, new_wmax):
-        original(self, rows, offset, new_wmax)
-        cuts.append((new_wmax, self._dy_cap, self._dy_k[0].shape[1] - self._dy_pre, self._dy_k[2]))
+    class CacheWidths(DecodePolicy):  # composed after DyLLM: the caches as each forward finds them
+        def layer_taps(self, run, fwd, layer, taps):
+            if (fwd.step, layer) == (0, 1) or fwd.step == 1:
+                cuts.append((fwd.step, layer, fwd.width, dyllm.capacity,
+                             [None if k is None else k.shape[1] - dyllm.cached_prompt for k in dyllm.keys]))
 
-    monkeypatch.setattr(DyLLMPolicy, "on_cut", spy)
-    base, dy = run_both(model, gen, EXACT, seer=seer)
+    ids, mask, images = batch(model)
+    base = generate(model, ids, attention_mask=mask, images=images, gen=gen, seer=seer)
+    dy = generate(model, ids, attention_mask=mask, images=images, gen=gen, seer=seer, policies=[dyllm, CacheWidths()])
     assert torch.equal(dy.sequences, base.sequences)
     assert dy.stats.extra["seer"] == base.stats.extra["seer"]
-    # the cut came after layer 1: layers 0-1 cached and sliced to 6 positions, layer 2 not yet run
-    assert len(cuts) == 1 and cuts[0][:3] == (6, 6, 6) and cuts[0][3] is None
+    # the cut came after layer 1: layers 0-1 ran on the full window (layer 2 not yet cached), and
+    # from the next forward on every cache holds the 6 surviving positions
+    W = gen.gen_length
+    assert cuts[0] == (0, 1, W, W, [W, None, None])
+    assert all(c == (1, c[1], 6, 6, [6, 6, 6]) for c in cuts[1:]) and len(cuts) == 1 + model.num_layers
     st = dy.stats.extra["dyllm"]
     assert min(r["rows"] for r in st["steps"]) < 3  # requests left the forward when done
     assert st["forwards"]["full"] == 1 and len(st["steps"]) > 3
@@ -419,7 +435,7 @@ def test_seer_dyllm_prefix_cache_compose(kind, cache, plant, monkeypatch):
 @pytest.mark.parametrize("kind", ["llada-8b-instruct", "lavida-dream"])
 def test_seer_router_dyllm_compose(kind, plant):
     """With the PWR router a step runs one padded forward per group, windows padded to the group's bucket."""
-    from seer_runtime.router import RouterConfig
+    from seer_runtime.serving.router import RouterConfig
 
     model = tiny(kind)
     plant([3, 13, 9, 2, 12])  # the longest window (13) is shorter than its bucket (16)
@@ -427,15 +443,15 @@ def test_seer_router_dyllm_compose(kind, plant):
     ids, mask = pad_left(prompts, model.token_ids.pad)
     gen, seer = gen_for(model, length=16), SeerConfig(probe_layer=1, guard=False)
     naive = generate(model, ids, attention_mask=mask, gen=gen, seer=seer)
-    # one static group padded to its bucket, past every window; groups by length (one forward each)
-    for grouping in ("single", "length"):
-        router = RouterConfig.for_window(16, max_batch=8, tau_pad=1.0 if grouping == "single" else 0.2,
-                                         grouping=grouping)
+    # one static group padded to its bucket, past every window (one forward per step); and the packed
+    # path's decision, which DyLLM's padded rows turn into a padded forward of the longest window
+    for tau_pad in (1.0, 0.0):
+        router = RouterConfig.for_window(16, max_batch=8, tau_pad=tau_pad)
         out = generate(model, ids, attention_mask=mask, gen=gen, seer=seer, router=router, dyllm=EXACT)
-        assert torch.equal(out.responses, naive.responses), grouping
+        assert torch.equal(out.responses, naive.responses), tau_pad
         steps = out.stats.extra["dyllm"]["steps"]
-        per_step = len(steps) / (max(r["step"] for r in steps) + 1)
-        assert per_step == 1 if grouping == "single" else per_step > 1
+        assert len(steps) == max(r["step"] for r in steps) + 1  # one forward per step
+        assert ("STATIC" if tau_pad == 1.0 else "VARLEN") in out.stats.extra["router"]  # (a lone request: EAGER)
         for cfg in (DyLLMConfig(**fields) for fields in ATTENTION_MODES.values()):
             out = generate(model, ids, attention_mask=mask, gen=gen, seer=seer, router=router, dyllm=cfg)
             for b, n in enumerate(out.stats.extra["seer"]["final_window"]):
@@ -459,16 +475,19 @@ def test_seer_cut_slices_the_caches(plant):
     model = tiny("llada-8b-instruct")
     ids, mask, _ = batch(model)
     plant([5, 9, 3])
-    run = build_run(model, ids, mask, None, gen_for(model, 16), seer=SeerConfig(probe_layer=1, guard=False),
-                    dyllm=DyLLMConfig())
+    dyllm = DyLLMPolicy(DyLLMConfig())
+    run = started_run(model, ids, mask, None, gen_for(model, 16), SeerPolicy(SeerConfig(probe_layer=1, guard=False)),
+                      dyllm)
+    caches = lambda: dyllm.keys + dyllm.values + dyllm.contexts + dyllm.ffn_outputs  # noqa: E731
     with torch.no_grad():
         run.step(0)
-    assert run.wlen == [5, 9, 3] and run._dy_cap == 9
-    assert all(t.shape[1] == run.Lp + 9 for t in run._dy_k + run._dy_v + run._dy_c + run._dy_f)
-    assert run._dy_valid == [5, 9, 3]
+        assert run.window.lengths == [5, 9, 3]
+        run.step(1)  # the next forward fits the caches to the longest surviving window
+    assert dyllm.capacity == 9 and all(t.shape[1] == run.prompt_len + 9 for t in caches())
+    assert dyllm.valid == [5, 9, 3]
     with torch.no_grad():
         run.decode()
-    assert run._dy_k[0].shape[1] == run.Lp + 9
+    assert dyllm.keys[0].shape[1] == run.prompt_len + 9
 
 
 # ------------------------------------------------------------------------------------ errors
@@ -493,9 +512,9 @@ def test_config_round_trip_and_defaults(tmp_path):
     assert DyLLMConfig.from_json(tmp_path / "d.json") == cfg
     paper = DyLLMConfig(key_correction=False)
     assert DyLLMConfig.from_dict(paper.to_dict()) == paper and paper.attention_mode == "paper"
-    # a calibrated file from before key_correction existed measured the paper's update
-    legacy = {"tau": 0.98, "full_steps": 4, "prompt_period": 4, "approx_attention": True, "calibration": {}}
-    assert DyLLMConfig.from_dict(legacy).attention_mode == "paper"
+    # a calibration record beside the fields is skipped; the fields missing take their defaults
+    calibrated = {"tau": 0.98, "full_steps": 4, "prompt_period": 4, "approx_attention": True, "calibration": {}}
+    assert DyLLMConfig.from_dict(calibrated).attention_mode == "partial"
     assert DyLLMConfig.from_dict({"tau": 0.98}).attention_mode == "partial"
     assert cfg.attention_mode == "exact" and DyLLMConfig().attention_mode == "partial"
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -515,27 +534,22 @@ def test_bad_requests_name_the_argument():
         generate(model, ids, gen=GenerationConfig(gen_length=4, cfg_scale=1.0), dyllm=DyLLMConfig())
     with pytest.raises(TypeError, match="dyllm must be a DyLLMConfig"):
         generate(model, ids, gen=GenerationConfig(gen_length=4), dyllm={"tau": 0.99})
-    run = build_run(model, ids, None, None, GenerationConfig(gen_length=4), dyllm=DyLLMConfig(full_steps=1))
-    run.step(0)
-    run._dy_step = 1
-    hidden, layout, prefix, _ = run.window_inputs([0], 4)
-    from seer_runtime.layout import Taps
+
+    class AskMlp(DecodePolicy):  # the MLP activation of a layer that computes some rows does not exist
+        def layer_taps(self, run, fwd, layer, taps):
+            taps.keep_mlp_act = True
+
     with pytest.raises(ValueError, match="taps cannot be served"):
-        run.run_layer(0, hidden, layout, rope=model.rope(layout.positions), prefix=prefix, rows=[0], step=1,
-                      taps=Taps(keep_kv=True))
-    assert isinstance(layout, PaddedLayout)
+        generate(model, ids, gen=GenerationConfig(gen_length=4), dyllm=DyLLMConfig(full_steps=1), policies=[AskMlp()])
 
 
 # ------------------------------------------------------------------------------------ torch attention path
 def _padded_forward(cu_q, cu_k):
-    from seer_runtime.dyllm import _Forward
-
     cu_q, cu_k = torch.tensor(cu_q), torch.tensor(cu_k)
     nq, nk = cu_q.diff(), cu_k.diff()
-    fw = _Forward(rows=list(range(len(nq))), idx=torch.arange(len(nq)), step=5, mode="response")
+    fw = SparseForward(rows=list(range(len(nq))), index=torch.arange(len(nq)), step=5, mode="response")
     fw.cu_q, fw.cu_k = cu_q.to(torch.int32), cu_k.to(torch.int32)
     fw.max_q, fw.max_k = int(nq.max()), int(nk.max())
-    fw.set_padded_maps(cu_q, cu_k)
     return fw
 
 
@@ -559,10 +573,10 @@ def test_padded_attention_equals_the_kernel_references(heads, kv_heads, salient)
                      for r in range(4)]).long()
     key_rows = own[torch.tensor(gate, dtype=torch.long)]
     dv = torch.randn(len(gate), kv_heads, d, generator=g)
-    got = DyLLMPolicy._dy_padded_attention(q, k, v, fw, ctx, dv, key_rows, exact)
+    got = _padded_attention(q, k, v, fw, ctx, dv, key_rows, exact)
     want = partial_attention_reference(q, k, v, ctx, dv, fw.cu_q, fw.cu_k, fw.max_q, fw.max_k, exact,
                                        key_rows.to(torch.int32), len(gate))
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    got = DyLLMPolicy._dy_padded_attention(q, k, v, fw)
+    got = _padded_attention(q, k, v, fw)
     want = varlen_attention_reference(q, k, v, fw.cu_q, fw.cu_k, fw.max_q, fw.max_k)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

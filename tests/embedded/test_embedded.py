@@ -291,7 +291,7 @@ def test_shipped_dyllm_config_is_the_calibrated_choice():
     """``seer calibrate-dyllm`` wrote the shipped DyLLMConfig with every candidate's figures; the
     choice is the cheapest candidate within its tolerance of the baseline (checked from the record)."""
     from model_adapters.embedded.serving import DYLLM_CONFIG_FILE, default_dyllm_config
-    from seer_runtime.calibrate_dyllm import choose
+    from seer_runtime.calibration.dyllm import choose
     from seer_runtime.dyllm import DyLLMConfig
 
     cfg = default_dyllm_config()

@@ -10,8 +10,8 @@ import torch
 
 import model_adapters as ma
 from seer_runtime import GenerationConfig, generate
+from seer_runtime.adapter import PaddedLayout
 from seer_runtime.evaluate import pad_left
-from seer_runtime.layout import PaddedLayout
 from seer_runtime.schedules import scheduled_counts, uniform_counts
 
 from ..tiny_models import tiny

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import model_adapters as ma
 from model_adapters.lavida import ImageInput
-from seer_runtime.layout import PaddedLayout
+from seer_runtime.adapter import PaddedLayout
 
 pytestmark = pytest.mark.models
 

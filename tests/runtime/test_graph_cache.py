@@ -9,15 +9,15 @@ import warnings
 import pytest
 import torch
 
-from seer_runtime import graph_cache
-from seer_runtime.graph_cache import (
+from seer_runtime.serving import graph_cache
+from seer_runtime.serving.graph_cache import (
     FILL_EDGE,
     FILL_FIRST_TRUE,
     BufferSpec,
     FakeGraphBackend,
     GraphCache,
 )
-from seer_runtime.router import PATH_STATIC, PATH_VARLEN, GraphKey, Router, RouterConfig
+from seer_runtime.serving.router import PATH_STATIC, PATH_VARLEN, GraphKey, Router, RouterConfig
 
 pytestmark = [pytest.mark.router]
 
@@ -354,20 +354,19 @@ def test_ranges_outside_the_captured_region(monkeypatch):
 
 # ------------------------------------------------------------------------------------ with the router
 def test_router_keys_drive_the_cache():
-    router = Router(RouterConfig.for_window(32, max_batch=8, grouping="length"))
+    router = Router(RouterConfig.for_window(32, max_batch=8))
     keys = router.valid_keys(PATH_STATIC)
     fake = FakeGraphBackend()
     cache = GraphCache(static_fn, STATIC_BUFFERS, keys, device="cpu", backend=fake)
     assert cache.buffers["ids"].shape == (8, 32)
-    lens = [30, 29, 31, 32, 3]
-    for route in router.route(lens):
-        if route.path != PATH_STATIC:
-            continue
-        g, n = len(route.rows), max(lens[r] for r in route.rows)
-        x = inputs(g, n, seed=7)
-        out = cache.run(route.key, x, narrow=g)
-        assert out["y"].shape == (g, route.key.length)
-        assert torch.equal(out["y"][:, :n], x["ids"] * 2 + x["positions"])
+    lens = [30, 29, 31, 32]
+    route = router.route(lens)
+    assert route.path == PATH_STATIC and route.rows == (0, 1, 2, 3)
+    g, n = len(route.rows), max(lens)
+    x = inputs(g, n, seed=7)
+    out = cache.run(route.key, x, narrow=g)
+    assert out["y"].shape == (g, route.key.length)
+    assert torch.equal(out["y"][:, :n], x["ids"] * 2 + x["positions"])
     assert fake.captured == [GraphKey(PATH_STATIC, 4, 32)]
 
 

@@ -9,8 +9,8 @@ import torch
 import seer_kernels
 from seer_runtime import GenerationConfig, generate
 from seer_runtime.evaluate import pad_left
-from seer_runtime.router import RouterConfig
 from seer_runtime.seer import SeerConfig
+from seer_runtime.serving.router import RouterConfig
 
 from ..tiny_models import tiny
 
@@ -70,7 +70,7 @@ def test_router_argument_is_checked():
 def test_static_groups_replay_through_the_graph_cache(kind, monkeypatch):
     """With the prefix cache, static groups run from persistent buffers through the graph cache:
     captured once per key (here by the fake backend), replayed every step, same outputs."""
-    from seer_runtime.graph_cache import FakeGraphBackend
+    from seer_runtime.serving.graph_cache import FakeGraphBackend
 
     model = tiny(kind)
     planted = torch.tensor([9, 12, 11, 10], dtype=torch.int32)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import seer_kernels
-from seer_runtime import GenerationConfig, generate
+from seer_runtime import DecodePolicy, GenerationConfig, generate
 from seer_runtime.engine import DecodeRun
 from seer_runtime.evaluate import pad_left
 from seer_runtime.seer import SeerConfig
@@ -27,10 +27,10 @@ def scripted(monkeypatch):
     rows_of_forward = {}
     original = DecodeRun.forward
 
-    def forward(self, rows, step):  # remember which requests the forward's rows are
+    def forward(self, rows, step, **kw):  # remember which requests the forward's rows are
         rows_of_forward["rows"] = rows
         try:
-            return original(self, rows, step)
+            return original(self, rows, step, **kw)
         finally:
             rows_of_forward.pop("rows", None)
 
@@ -72,16 +72,14 @@ def plant(monkeypatch):
     return _plant
 
 
-def record_layers(monkeypatch):
-    seen = []
-    original = DecodeRun.run_layer
+class LayerInputs(DecodePolicy):
+    """Records (step, layer, positions of the layer's input) of every layer that runs."""
 
-    def wrapped(self, i, hidden, layout, **kw):
-        seen.append((kw["step"], i, hidden.shape[1]))
-        return original(self, i, hidden, layout, **kw)
+    def __init__(self):
+        self.seen = []
 
-    monkeypatch.setattr(DecodeRun, "run_layer", wrapped)
-    return seen
+    def layer_taps(self, run, fwd, layer, taps):
+        self.seen.append((fwd.step, layer, fwd.hidden.shape[1]))
 
 
 @pytest.mark.usefixtures("reference_kernels")
@@ -89,10 +87,11 @@ def record_layers(monkeypatch):
 def test_cut_is_honoured_and_later_layers_see_only_the_survivors(kind, plant, monkeypatch):
     model = tiny(kind)
     calls = plant([5, 7])
-    seen = record_layers(monkeypatch)
+    recorder = LayerInputs()
     ids = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
     gen = GenerationConfig(gen_length=W, tie_break="stable", block_length=4 if model.family == "llada" else None)
-    out = generate(model, ids, gen=gen, seer=SeerConfig(probe_layer=1, eps=0.05, guard=False))
+    out = generate(model, ids, gen=gen, seer=SeerConfig(probe_layer=1, eps=0.05, guard=False), policies=[recorder])
+    seen = recorder.seen
     assert calls and calls[0][0] == (2, W), "the probe reads the sparsity of every response position"
     st = out.stats.extra["seer"]
     assert st["keep_len"] == [5, 7] and st["final_window"] == [5, 7]

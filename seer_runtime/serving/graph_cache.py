@@ -42,7 +42,7 @@ from typing import Any, Protocol
 
 import torch
 
-from .profiling import prange
+from ..profiling import prange
 
 __all__ = [
     "FILL_EDGE",

@@ -4,10 +4,9 @@ DyLLM's paper fixes tau per model family (0.99 LLaDA, 0.995 Dream; its sweeps sp
 0.98-0.9975) and approximates the attention of the rows outside the gating set by
 ``C_cache + P[:, A] @ dV``; we also offer that update corrected for the change of the
 salient keys (the default) and exact attention (``DyLLMConfig.attention_mode``). What each
-costs in accuracy depends on the checkpoint (see ``seer_runtime.dyllm``: on the embedded demo
-model the paper's update changes a third of the answers, the corrected one and exact
-attention about one in twenty). So, as ``seer calibrate`` does for Seer, this measures the
-choice on requests with their baseline answers:
+costs in accuracy depends on the checkpoint (bench/RESULTS.md, "DyLLM"), so, as
+``seer calibrate`` does for Seer, this measures the choice on requests with their baseline
+answers:
 
 1. decode the baseline (the references are the given answers; a request without one is
    scored against the baseline's own answer, so accuracy is then agreement with the baseline;
@@ -22,22 +21,20 @@ choice on requests with their baseline answers:
    go to the more accurate, then to the defaults. When no candidate qualifies, the
    most accurate one is chosen and the result says so (``within_tolerance: false``).
 
-The choice is written as a :class:`~seer_runtime.dyllm.DyLLMConfig` JSON, with every
-candidate's measurements beside it under ``calibration``; ``generate(..., dyllm=...)``
-(``DyLLMConfig.from_json``) and ``seer generate --dyllm FILE`` accept it.
+The choice is a :class:`~seer_runtime.dyllm.DyLLMConfig`; ``seer calibrate-dyllm`` writes it as
+JSON with every candidate's measurements beside it under ``calibration``.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 import time
 from dataclasses import replace
 
-from .config import GenerationConfig
-from .dyllm import DyLLMConfig
-from .evaluate import Request, run_requests
+from ..config import GenerationConfig
+from ..dyllm import DyLLMConfig
+from ..evaluate import Request, run_requests
 
 #: the taus tried besides the family default (the paper's sweep range)
 TAU_GRID = (0.98, 0.99, 0.995, 0.9975)
@@ -142,22 +139,3 @@ def calibrate_dyllm(model, requests: list[Request], gen: GenerationConfig, *, ma
                        for c in candidates],
         "seconds": time.perf_counter() - t0,
     }
-
-
-def main(args) -> int:
-    """``seer calibrate-dyllm``: the requests as ``seer calibrate`` reads them, the choice to ``--out``."""
-    from .calibrate import load_calibration_inputs
-
-    check_max_drop(args.max_drop)  # before the model is loaded
-    DyLLMConfig(full_steps=args.full_steps, prompt_period=args.prompt_period)
-    model, requests, gen = load_calibration_inputs(args)
-    out = calibrate_dyllm(model, requests, gen, max_drop=args.max_drop, full_steps=args.full_steps,
-                          prompt_period=args.prompt_period, progress=True)
-    cfg = out.pop("config")
-    cfg.to_json(args.out, calibration=out)
-    print(f"wrote {args.out}: {json.dumps(cfg.to_dict())}")
-    if not out["within_tolerance"]:
-        print(f"seer calibrate-dyllm: no candidate kept the exact match within {args.max_drop} of the "
-              f"baseline; {args.out} holds the most accurate one", file=sys.stderr)
-        return 1
-    return 0

@@ -17,14 +17,13 @@ Calibration, on a set of requests with their baseline answers:
    threshold 0.5: nothing to simulate, its boundary needs the final logits), and keep the best
    measured U.
 
-The choice is written as a :class:`SeerConfig` JSON that ``generate(..., seer=...)`` and
-``seer generate --seer FILE`` accept, with the measurements beside it.
+The choice is a :class:`SeerConfig` that ``generate(..., seer=...)`` takes; ``seer calibrate``
+writes it as JSON with the measurements beside it.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import sys
 import time
@@ -32,11 +31,15 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .config import GenerationConfig
-from .engine import DecodeRun, dream_plan, llada_plan
-from .evaluate import Request, pad_left, run_requests
-from .layout import Taps
-from .seer import SeerConfig, end_probability
+import seer_kernels
+
+from ..adapter import Taps
+from ..config import GenerationConfig
+from ..engine import DecodeRun, Forward
+from ..evaluate import Request, pad_left, run_requests
+from ..plans import DecodingRules, dream_plan, llada_plan
+from ..policy import DecodePolicy
+from ..seer import SeerConfig, end_probability
 
 EPS_FACTORS = (0.05, 0.1, 0.2, 0.3, 0.5)
 TAU_GRID = (0.01, 0.02, 0.03, 0.04, 0.05, 0.06)
@@ -56,38 +59,51 @@ class Profiles:
     factors: tuple[float, ...]
 
 
+class Step0Recorder(DecodePolicy):
+    """Records step 0's MLP activation of ``layers`` (window positions) and its end probability."""
+
+    name = "step0_recorder"
+
+    def __init__(self, layers: list[int]) -> None:
+        self.layers = set(layers)
+        self.activations: list[torch.Tensor] = []
+        self.end_prob: torch.Tensor | None = None
+
+    def layer_taps(self, run: DecodeRun, fwd: Forward, layer: int, taps: Taps) -> None:
+        if layer in self.layers:
+            taps.keep_mlp_act = True
+
+    def after_layer(self, run: DecodeRun, fwd: Forward, layer: int, taps: Taps) -> None:
+        if layer in self.layers:
+            self.activations.append(taps.mlp_act[: len(fwd.rows), fwd.offset: fwd.offset + run.width].float())
+
+    def on_logits(self, run: DecodeRun, fwd: Forward, logits: torch.Tensor) -> torch.Tensor:
+        self.end_prob = end_probability(logits, run.token_ids.end_ids).cpu()
+        return logits
+
+
 @torch.no_grad()
 def step0_profiles(model, requests: list[Request], gen: GenerationConfig, *, layers: list[int],
                    factors=EPS_FACTORS, batch_size: int = 16) -> Profiles:
     """Run step 0 of every request and record the per-layer MLP sparsity for each threshold."""
-    from seer_kernels import mlp_sparsity
-
-    multimodal = bool(getattr(model, "is_multimodal", False))
     sparsity, end_prob = [], []
     eps = None
     rms = None
     for start in range(0, len(requests), batch_size):
         batch = requests[start: start + batch_size]
         ids, mask = pad_left([r.prompt_ids for r in batch], model.token_ids.pad)
+        recorder = Step0Recorder(layers)
         run = DecodeRun(model, ids.to(model.device), None if mask is None else mask.to(model.device),
-                        [r.image for r in batch] if multimodal else None, gen)
-        rows = list(range(len(batch)))
-        hidden, layout, prefix, offset = run.window_inputs(rows, run.W)
-        rope = model.rope(layout.positions)
-        per_layer = []
-        for i in range(model.num_layers):
-            taps = Taps(keep_mlp_act=True) if i in layers else None
-            hidden = model.layer(i, hidden, layout, rope=rope, prefix=prefix, taps=taps)
-            if taps is not None:
-                per_layer.append(taps.mlp_act[:, offset: offset + run.W].float())
+                        [r.image for r in batch] if model.is_multimodal else None, gen, policies=[recorder])
+        run.forward(list(range(len(batch))), 0)
+        per_layer = recorder.activations
         if rms is None:
             rms = torch.stack([a.pow(2).mean().sqrt() for a in per_layer])
             eps = torch.stack([r * torch.tensor(factors) for r in rms])
         sparsity.append(torch.stack([
-            torch.stack([mlp_sparsity(a, float(e)) for e in eps[j]]) for j, a in enumerate(per_layer)
+            torch.stack([seer_kernels.mlp_sparsity(a, float(e)) for e in eps[j]]) for j, a in enumerate(per_layer)
         ]))
-        logits = run.window_logits(hidden, offset, run.W)
-        end_prob.append(end_probability(logits, model.token_ids.end_ids).cpu())
+        end_prob.append(recorder.end_prob)
     return Profiles(torch.cat(sparsity, dim=2).cpu(), eps.cpu(), rms.cpu(), torch.cat(end_prob), list(layers),
                     tuple(factors))
 
@@ -112,25 +128,23 @@ def clarity(profile: torch.Tensor, true_end: list[int]) -> tuple[float, float, f
     return j, wb, (j / wb if wb > 0 else 0.0)
 
 
-def request_tokens(window: int, gen: GenerationConfig, flavor: str, family: str, prompt: int, layers: int) -> int:
+def request_tokens(window: int, gen: GenerationConfig, rules: DecodingRules, prompt: int, layers: int) -> int:
     """Positions x layers a request costs with a window of ``window`` under the engine's rules."""
-    if family == "llada":
-        steps = llada_plan(window, gen, flavor).steps
+    if rules.family == "llada":
+        steps = llada_plan(window, gen).steps
     else:
-        steps = dream_plan(window, gen, flavor, masks=window).steps
+        steps = dream_plan(window, gen, rules, masks=window).steps
     return steps * (prompt + window) * layers
 
 
 def simulate(profiles: Profiles, true_end: list[int], cfg: SeerConfig, *, layer_ids: tuple[int, ...], eps_index: int,
              window: int) -> list[int]:
     """The windows Seer would keep for every profiled request under ``cfg`` (step-0 decisions)."""
-    from seer_kernels import snr_boundary_reference
-
     idx = [profiles.layers.index(layer) for layer in layer_ids]
     prof = profiles.sparsity[idx, eps_index].mean(0)
     n = prof.shape[0]
     valid = torch.full((n,), window, dtype=torch.int32)
-    keep = snr_boundary_reference(prof, valid, tau_jump=cfg.tau_jump, gamma=cfg.gamma, window=cfg.window,
+    keep = seer_kernels.snr_boundary_reference(prof, valid, tau_jump=cfg.tau_jump, gamma=cfg.gamma, window=cfg.window,
                                   baseline_window=cfg.baseline_window, min_position=cfg.min_position).tolist()
     if cfg.probe == "both":
         thr = cfg.confirm_threshold if cfg.confirm_threshold is not None else cfg.eos_threshold
@@ -141,7 +155,7 @@ def simulate(profiles: Profiles, true_end: list[int], cfg: SeerConfig, *, layer_
                 continue
             where = hits[r, :k].nonzero()
             if where.numel() == 0:  # premature: the next boundary after this one
-                keep[r] = int(snr_boundary_reference(
+                keep[r] = int(seer_kernels.snr_boundary_reference(
                     prof[r: r + 1], torch.tensor([window], dtype=torch.int32), tau_jump=cfg.tau_jump, gamma=cfg.gamma,
                     window=cfg.window, baseline_window=cfg.baseline_window, min_position=k)[0])
             elif int(where[0, 0]) + 1 < k:
@@ -154,69 +168,6 @@ def _guard_cost(keep: int, end: int, window: int) -> int:
     while keep < min(end + 1, window):
         keep = min(window, max(2 * keep, keep + 4))
     return keep
-
-
-def read_requests_jsonl(path, *, encode_prompt, encode_answer, load_image, limit: int | None = None) -> list[Request]:
-    """Requests from a JSONL file: one object per line with ``question`` (str), optional
-    ``image`` (a path relative to the file) and optional ``answer`` (the reference; without it
-    the baseline's own answer is the reference). The callables come from the model layer."""
-    from pathlib import Path
-
-    path = Path(path)
-    requests = []
-    for line_no, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"--data {path}:{line_no}: not JSON ({exc})") from None
-        if not isinstance(item, dict) or not isinstance(item.get("question"), str):
-            raise ValueError(f"--data {path}:{line_no}: needs a 'question' string")
-        image = load_image(path.parent / item["image"]) if item.get("image") else None
-        truth = encode_answer(item["answer"]) if item.get("answer") is not None else None
-        requests.append(Request(encode_prompt(item["question"], with_image=image is not None), image, truth))
-        if limit is not None and len(requests) >= limit:
-            break
-    if not requests:
-        raise ValueError(f"--data {path} holds no requests")
-    return requests
-
-
-def load_calibration_inputs(args):
-    """(model, requests, generation config) from the calibrate commands' options: ``--model``
-    with ``--data`` (a real checkpoint, its tokenizer and generation options), or the embedded
-    model with its calibration split (or ``--data``)."""
-    from .cli import generation_config, model_services
-
-    svc = model_services()
-    if args.model:  # a real checkpoint: its own tokenizer, image processor and generation options
-        if not args.data:
-            raise ValueError("--model needs --data (a JSONL of requests: question, optional image and answer)")
-        dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-                 None: None}[args.dtype]
-        model = svc.load_model(args.model, dtype=dtype, device=args.device)
-        tok = svc.load_tokenizer(args.model)
-        requests = read_requests_jsonl(
-            args.data, encode_prompt=tok.encode_prompt, limit=args.requests,
-            encode_answer=lambda text: tok.tokenizer.encode(text, add_special_tokens=False).ids,
-            load_image=lambda p: svc.load_image(model, p))
-        gen = generation_config(args)
-    else:
-        emb = svc.embedded()
-        model, _ = emb.load_embedded()
-        requests, gen = emb.calibration_requests(args.data, n=args.requests, model=model)
-    return model, requests, gen
-
-
-def main(args) -> int:
-    model, requests, gen = load_calibration_inputs(args)
-    out = calibrate(model, requests, gen, lam=args.lam, progress=True, plot=args.plot, rank_by=args.rank_by,
-                    guard_mode=args.guard_mode)
-    cfg = out.pop("config")
-    cfg.to_json(args.out, calibration=out)
-    print(f"wrote {args.out}: {json.dumps({k: v for k, v in cfg.__dict__.items()})}")
-    return 0
 
 
 def calibrate(model, requests: list[Request], gen: GenerationConfig, *, lam: float = 0.1, progress: bool = False,
@@ -245,9 +196,7 @@ def calibrate(model, requests: list[Request], gen: GenerationConfig, *, lam: flo
     n_layers = model.num_layers
     layers = layers or list(range(1, min(n_layers, 8)))
     W = gen.gen_length
-    family = model.family
-    flavor = "lavida_llada" if getattr(model, "is_multimodal", False) and family == "llada" else (
-        "lavida_dream" if getattr(model, "is_multimodal", False) else family)
+    rules = DecodingRules.of(model)
     t0 = time.perf_counter()
     bar = tqdm(total=len(requests), desc="baseline", disable=not progress, file=sys.stderr)
     base = run_requests(model, requests, gen, batch_size=batch_size, progress=bar)
@@ -272,9 +221,9 @@ def calibrate(model, requests: list[Request], gen: GenerationConfig, *, lam: flo
         log(f"  layer {r['layer']}  eps {r['eps']:.4f} ({r['eps_factor']} x RMS)  jump {r['jump']:+.3f}  "
             f"wobble {r['wobble']:.3f}  clarity {r['clarity']:.2f}")
 
-    prompt_len = 0 if (gen.prefix_cache if gen.prefix_cache is not None else getattr(model, "is_multimodal", False)) \
+    prompt_len = 0 if (gen.prefix_cache if gen.prefix_cache is not None else model.is_multimodal) \
         else max(len(r.prompt_ids) for r in requests)
-    cost = {w: request_tokens(w, gen, flavor, family, prompt_len, n_layers) for w in range(1, W + 1)}
+    cost = {w: request_tokens(w, gen, rules, prompt_len, n_layers) for w in range(1, W + 1)}
     base_tokens = cost[W] * len(requests)
     # candidate layer sets: the clearest single layers, and the clearest layers averaged
     best_single = []
@@ -350,14 +299,13 @@ def calibrate(model, requests: list[Request], gen: GenerationConfig, *, lam: flo
         f"measured x{best['measured_speedup']:.2f}, tokens x{best['tokens_ratio']:.2f})")
     if plot:
         plot_profiles(prof, true_end, best["config"], plot, window=W)
-    serial = lambda c: {k: (list(v) if isinstance(v, tuple) else v) for k, v in c.__dict__.items()}  # noqa: E731
     return {
         "config": best["config"],
         "lambda": lam,
         "requests": len(requests),
         "baseline": {"exact_match": base_acc, "tok_per_s": base.tok_per_s, "wall_s": base.wall_s},
         "clarity": table[:12],
-        "verified": [{**{k: x for k, x in v.items() if k != "config"}, "config": serial(v["config"])}
+        "verified": [{**{k: x for k, x in v.items() if k != "config"}, "config": v["config"].to_dict()}
                      for v in verified],
         "seconds": time.perf_counter() - t0,
     }

@@ -1,43 +1,21 @@
 """Padding-Waste-Ratio routing of a batch after Seer's step-0 cut (SPEC.md §1.4).
 
-Each row ``b`` of a batch keeps ``L*_b`` response positions. :meth:`Router.route` partitions the
-rows into groups and decides, per group ``G`` (``|G|`` rows, total ``T = sum L*``, longest
-``Lmax``), how it runs:
+Where the router picks a path: :meth:`Router.route`. Each row ``b`` keeps ``L*_b`` response
+positions; the batch is one group ``G`` (``|G|`` rows, total ``T = sum L*``, longest ``Lmax``),
+and the rule is ``seer_kernels``' host implementation of the one the fused ``slice_repack``
+kernel evaluates (``slice_repack_decision``):
 
-* ``B_G`` = the smallest micro-bucket ``>= Lmax``; ``PWR = 1 - T / (|G| * B_G)`` (IEEE float64,
-  evaluated exactly as written);
-* ``T == 0`` -> ``EMPTY`` (nothing to run);
-* no micro-bucket holds ``Lmax``, ``|G| == 1`` (a lone straggler) or ``B_G <= eager_max_bucket``
-  -> ``EAGER`` (packed layout, no padding, no graph);
-* ``PWR <= tau_pad`` -> ``STATIC``: every row padded to ``B_G``, rows padded to the smallest
-  batch bucket ``>= |G|``; graph key ``GraphKey(PATH_STATIC, batch bucket, B_G)``;
-* otherwise ``VARLEN``: rows packed back to back, total padded to the smallest packed bucket
-  ``P >= T``; graph key ``GraphKey(PATH_VARLEN, max batch bucket, P)`` (``cu_seqlens`` always
-  has ``max batch bucket + 1`` entries, the last offset repeated over the padding rows, so the
-  varlen graphs are keyed by ``P`` alone); no packed bucket ``>= T`` -> ``EAGER``.
+* ``B_G`` = the smallest micro-bucket ``>= Lmax``; ``PWR = 1 - T / (|G| * B_G)`` (float64);
+* ``T == 0`` -> ``EMPTY``; no micro-bucket holds ``Lmax``, ``|G| == 1`` or
+  ``B_G <= eager_max_bucket`` -> ``EAGER`` (packed, no padding, no graph);
+* ``PWR <= tau_pad`` -> ``STATIC``: rows padded to ``B_G`` and to the smallest batch bucket
+  ``>= |G|``; graph key ``GraphKey(PATH_STATIC, batch bucket, B_G)``;
+* otherwise ``VARLEN``: rows packed back to back, the total padded to the smallest packed bucket
+  ``P >= T``; graph key ``GraphKey(PATH_VARLEN, max batch bucket, P)``; no packed bucket -> ``EAGER``.
 
-For one group this is exactly ``seer_kernels.slice_repack_mask.slice_repack_decision`` (the
-rule the fused kernel evaluates on the device); the tests check it on random inputs.
-
-Grouping (``RouterConfig.grouping``):
-
-* ``"single"``: the whole batch is one group (one forward per step).
-* ``"length"``: rows of length 0 form one (EMPTY) group and rows longer than the largest
-  micro-bucket one (EAGER) group. The others are sorted by ``L*`` and cut where the micro-bucket
-  changes; neighbouring groups are then merged, shortest first, while the merged group's PWR
-  (at the larger bucket) stays ``<= tau_pad``. Groups with fewer than ``min_group`` rows are
-  *stragglers*; with ``stragglers="eager"`` each straggler row runs alone (``|G| = 1`` ->
-  EAGER, the paper's rule); with ``stragglers="pool"`` the stragglers and every merged group
-  the rule would not run STATIC are packed into one remainder group (usually VARLEN: packing
-  mixes lengths at no padding cost, and one remainder saves forwards).
-
-Why the defaults (``grouping="single"``, ``N_max = 128``, the power of two at or above the
-windows served, ``tau_pad = 0.2``, packed buckets 8 per octave): ``bench/bench_router.py``.
-In short: packing mixes lengths at a few percent rounding waste, so one group per step runs
-the fewest forwards at 1.05-1.10x the useful tokens, and splitting by length bought no tokens.
-
-Rows inside a group are listed in ascending batch index; groups are ordered EMPTY, then by
-ascending ``B_G`` (stragglers, the remainder and the oversize group last).
+Why one group per step, ``N_max = 128`` (the power of two at or above the windows served),
+``tau_pad = 0.2`` and packed buckets 8 per octave: ``bench/bench_router.py`` (packing mixes
+lengths at a few percent rounding waste; splitting the batch by length bought no tokens).
 """
 
 from __future__ import annotations
@@ -54,8 +32,10 @@ from seer_kernels.slice_repack_mask import (
     PATH_NAMES,
     PATH_STATIC,
     PATH_VARLEN,
+    slice_repack_decision,
 )
 
+from ..config import StoredConfig
 from .buckets import BucketTable, batch_buckets, check_buckets, micro_buckets, packed_buckets
 
 __all__ = [
@@ -70,9 +50,6 @@ __all__ = [
     "RouterConfig",
     "RouterStats",
 ]
-
-_GROUPINGS = ("single", "length")
-_STRAGGLERS = ("eager", "pool")
 
 
 class GraphKey(NamedTuple):
@@ -126,8 +103,8 @@ class Route(NamedTuple):
 
 
 @dataclass(frozen=True)
-class RouterConfig:
-    """Bucket tables and the routing policy (validated on construction; sequences become tuples).
+class RouterConfig(StoredConfig):
+    """Bucket tables and the routing rule (validated on construction; sequences become tuples).
 
     micro_buckets: sorted padded lengths ``B_G`` of static graphs (``buckets.micro_buckets(N_max)``).
     packed_buckets: sorted padded totals ``P`` of varlen graphs.
@@ -135,9 +112,6 @@ class RouterConfig:
         batch :meth:`Router.route` accepts.
     tau_pad: PWR threshold in ``[0, 1]``: ``PWR <= tau_pad`` runs STATIC (paper: flat 0.1-0.6).
     eager_max_bucket: groups with ``B_G <= eager_max_bucket`` run eager (paper: 4).
-    grouping: ``"single"`` or ``"length"`` (module docstring).
-    min_group: ``"length"``: groups with fewer rows are stragglers (``>= 1``; 1 = none).
-    stragglers: ``"length"``: ``"eager"`` (each straggler row alone) or ``"pool"``.
     """
 
     micro_buckets: tuple[int, ...] = field(default_factory=lambda: micro_buckets(128))
@@ -145,9 +119,6 @@ class RouterConfig:
     batch_buckets: tuple[int, ...] = field(default_factory=lambda: batch_buckets(256))
     tau_pad: float = 0.2
     eager_max_bucket: int = 4
-    grouping: str = "single"
-    min_group: int = 2
-    stragglers: str = "eager"
 
     def __post_init__(self) -> None:
         for name in ("micro_buckets", "packed_buckets", "batch_buckets"):
@@ -158,16 +129,11 @@ class RouterConfig:
         if not (math.isfinite(tau) and 0.0 <= tau <= 1.0):
             raise ValueError(f"tau_pad must lie in [0, 1], got {tau}")
         object.__setattr__(self, "tau_pad", float(tau))
-        for name, minimum in (("eager_max_bucket", 0), ("min_group", 1)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-            if value < minimum:
-                raise ValueError(f"{name} must be >= {minimum}, got {value}")
-        if self.grouping not in _GROUPINGS:
-            raise ValueError(f"grouping must be one of {_GROUPINGS}, got {self.grouping!r}")
-        if self.stragglers not in _STRAGGLERS:
-            raise ValueError(f"stragglers must be one of {_STRAGGLERS}, got {self.stragglers!r}")
+        value = self.eager_max_bucket
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"eager_max_bucket must be an int, got {type(value).__name__}")
+        if value < 0:
+            raise ValueError(f"eager_max_bucket must be >= 0, got {value}")
 
     @classmethod
     def for_window(
@@ -198,7 +164,7 @@ class RouterConfig:
 
 
 class Router:
-    """Routes a batch's rows into groups (see the module docstring).
+    """Routes a batch (see the module docstring).
 
     The single source of truth for graph keys: every key :meth:`route` returns is in
     :meth:`valid_keys`, which is what a graph cache captures.
@@ -217,38 +183,8 @@ class Router:
         self._keys = self._enumerate_keys()
         self._key_set = frozenset(self._keys)
 
-    # -- one group --------------------------------------------------------------------------
-    def decide(self, lengths: Sequence[int], rows: Sequence[int] | None = None) -> Route:
-        """Route ONE group with lengths ``lengths`` (``rows`` default ``0..len-1``): the rule of
-        ``slice_repack_decision``. Raises ``ValueError`` on an empty group."""
-        lens = self._check_lengths(lengths)
-        rows = tuple(range(len(lens))) if rows is None else tuple(rows)
-        if len(rows) != len(lens):
-            raise ValueError(f"rows must have one entry per length ({len(lens)}), got {len(rows)}")
-        return self._group(rows, sum(lens), max(lens))
-
-    def _group(self, rows: tuple[int, ...], total: int, lmax: int) -> Route:
-        cfg = self.config
-        g = len(rows)
-        if total == 0:
-            return Route(PATH_EMPTY, None, rows, RouteStats(PATH_EMPTY, g, 0, 0))
-        b_g = self.micro.find(lmax)
-        if b_g is None or g == 1 or b_g <= cfg.eager_max_bucket:
-            return Route(PATH_EAGER, None, rows, RouteStats(PATH_EAGER, g, total, total))
-        pwr = 1.0 - total / (g * b_g)
-        bb = self.batch.find(g)
-        if pwr <= cfg.tau_pad and bb is not None:
-            key = GraphKey(PATH_STATIC, bb, b_g)
-            return Route(PATH_STATIC, key, rows, RouteStats(PATH_STATIC, g, total, bb * b_g))
-        p = self.packed.find(total)
-        if p is not None:
-            key = GraphKey(PATH_VARLEN, self._varlen_batch, p)
-            return Route(PATH_VARLEN, key, rows, RouteStats(PATH_VARLEN, g, total, p))
-        return Route(PATH_EAGER, None, rows, RouteStats(PATH_EAGER, g, total, total))
-
-    # -- a batch ----------------------------------------------------------------------------
-    def route(self, lengths: Sequence[int]) -> list[Route]:
-        """Partition the batch's rows into groups and route each.
+    def route(self, lengths: Sequence[int]) -> Route:
+        """Route the batch's rows, one group, by the rule in the module docstring.
 
         Args:
             lengths: ``L*`` per row, ints ``>= 0`` (a list, tuple, or a 1-D int tensor - read on
@@ -256,7 +192,7 @@ class Router:
                 and ``<= 1024`` (``slice_repack``'s largest group).
 
         Returns:
-            Routes whose ``rows`` partition ``range(len(lengths))``: every row in exactly one.
+            The :class:`Route` of rows ``0..len-1``.
         """
         lens = self._check_lengths(lengths)
         if len(lens) > self.batch.max:
@@ -267,80 +203,18 @@ class Router:
             raise ValueError(
                 f"lengths: a batch of {len(lens)} rows exceeds slice_repack's group limit {MAX_GROUP}"
             )
-        if self.config.grouping == "single":
-            return [self._group(tuple(range(len(lens))), sum(lens), max(lens))]
-        return self._route_by_length(lens)
-
-    def _route_by_length(self, lens: list[int]) -> list[Route]:
         cfg = self.config
-        micro = self.micro
-        n_max = micro.max
-        zeros: list[int] = []
-        over: list[int] = []
-        mid: list[int] = []
-        for r, n in enumerate(lens):
-            if n == 0:
-                zeros.append(r)
-            elif n > n_max:
-                over.append(r)
-            else:
-                mid.append(r)
-        mid.sort(key=lens.__getitem__)
-
-        # runs of equal micro-bucket: [rows, total, bucket]
-        runs: list[list] = []
-        for r in mid:
-            n = lens[r]
-            b = micro.find(n)
-            if runs and runs[-1][2] == b:
-                run = runs[-1]
-                run[0].append(r)
-                run[1] += n
-            else:
-                runs.append([[r], n, b])
-
-        # merge neighbours, shortest first, while the merged PWR stays <= tau_pad
-        tau = cfg.tau_pad
-        merged: list[list] = []
-        for run in runs:
-            if merged:
-                cur = merged[-1]
-                g = len(cur[0]) + len(run[0])
-                total = cur[1] + run[1]
-                if 1.0 - total / (g * run[2]) <= tau:
-                    cur[0].extend(run[0])
-                    cur[1] = total
-                    cur[2] = run[2]
-                    continue
-            merged.append([list(run[0]), run[1], run[2]])
-
-        routes: list[Route] = []
-        if zeros:
-            routes.append(self._group(tuple(zeros), 0, 0))
-        pool: list[int] = []
-        stragglers: list[int] = []
-        for rows, total, _ in merged:
-            if len(rows) < cfg.min_group:
-                stragglers.extend(rows)
-                continue
-            route = self._group(tuple(sorted(rows)), total, lens[rows[-1]])
-            if cfg.stragglers == "pool" and route.path != PATH_STATIC:
-                pool.extend(rows)
-            else:
-                routes.append(route)
-        if cfg.stragglers == "pool":
-            pool.extend(stragglers)
-            if pool:
-                pool.sort()
-                routes.append(
-                    self._group(tuple(pool), sum(lens[r] for r in pool), max(lens[r] for r in pool))
-                )
-        else:
-            for r in sorted(stragglers):
-                routes.append(self._group((r,), lens[r], lens[r]))
-        if over:
-            routes.append(self._group(tuple(over), sum(lens[r] for r in over), max(lens[r] for r in over)))
-        return routes
+        rows = tuple(range(len(lens)))
+        d = slice_repack_decision(lens, micro_buckets=cfg.micro_buckets, packed_buckets=cfg.packed_buckets,
+                                  batch_buckets=cfg.batch_buckets, tau_pad=cfg.tau_pad,
+                                  eager_max_bucket=cfg.eager_max_bucket)
+        if d.path == PATH_STATIC:
+            key = GraphKey(PATH_STATIC, d.batch_rows, d.bucket)
+            return Route(PATH_STATIC, key, rows, RouteStats(PATH_STATIC, len(rows), d.total, key.tokens))
+        if d.path == PATH_VARLEN:
+            key = GraphKey(PATH_VARLEN, self._varlen_batch, d.bucket)
+            return Route(PATH_VARLEN, key, rows, RouteStats(PATH_VARLEN, len(rows), d.total, d.bucket))
+        return Route(d.path, None, rows, RouteStats(d.path, len(rows), d.total, d.total))
 
     # -- keys -------------------------------------------------------------------------------
     def valid_keys(self, path: int | None = None) -> tuple[GraphKey, ...]:
@@ -426,16 +300,15 @@ class RouterStats:
     computed_tokens: dict[int, int] = field(default_factory=dict)
     calls: int = 0
 
-    def add(self, routes: Iterable[Route]) -> None:
+    def add(self, route: Route) -> None:
         """Count one ``route()`` result."""
         self.calls += 1
-        for route in routes:
-            s = route.stats
-            p = s.path
-            self.groups[p] = self.groups.get(p, 0) + 1
-            self.rows[p] = self.rows.get(p, 0) + s.rows
-            self.useful_tokens[p] = self.useful_tokens.get(p, 0) + s.useful_tokens
-            self.computed_tokens[p] = self.computed_tokens.get(p, 0) + s.computed_tokens
+        s = route.stats
+        p = s.path
+        self.groups[p] = self.groups.get(p, 0) + 1
+        self.rows[p] = self.rows.get(p, 0) + s.rows
+        self.useful_tokens[p] = self.useful_tokens.get(p, 0) + s.useful_tokens
+        self.computed_tokens[p] = self.computed_tokens.get(p, 0) + s.computed_tokens
 
     def padded_tokens(self, path: int | None = None) -> int:
         if path is None:

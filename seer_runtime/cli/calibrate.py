@@ -1,0 +1,64 @@
+"""``seer calibrate`` and ``seer calibrate-dyllm``: read the requests, run the calibration, write
+the chosen configuration as JSON (with the measurements beside it)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..calibration.dyllm import calibrate_dyllm, check_max_drop
+from ..calibration.seer import calibrate
+from ..dyllm import DyLLMConfig
+from .options import add_calibration_inputs, load_calibration_inputs
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("calibrate", help="choose Seer's probe layer, eps, tau_jump and gamma for a checkpoint")
+    add_calibration_inputs(p)
+    p.add_argument("--out", default="seer_config.json",
+                   help="where to write the chosen SeerConfig (JSON accepted by `generate --seer` and the demo)")
+    p.add_argument("--lam", type=float, default=0.1, help="lambda of U = accuracy ratio + lambda log(speed-up)")
+    p.add_argument("--plot", default=None, help="write the per-layer step-0 sparsity profiles (PNG) to this path")
+    p.add_argument("--guard-mode", default="extend", choices=["extend", "redecode"],
+                   help="the over-truncation guard written into the choice: extend the window with masks "
+                        "(cheaper) or decode the request again on the full window (answers equal the baseline's)")
+    p.add_argument("--rank-by", default="tokens", choices=["tokens", "wall"],
+                   help="speed-up inside U: tokens-computed ratio (deterministic) or wall clock")
+    p.set_defaults(func=cmd_calibrate)
+
+    p = sub.add_parser("calibrate-dyllm", help="choose DyLLM's tau and attention mode for a checkpoint")
+    add_calibration_inputs(p)
+    p.add_argument("--out", default="dyllm_config.json",
+                   help="where to write the chosen DyLLMConfig (JSON accepted by `generate --dyllm`)")
+    p.add_argument("--max-drop", type=float, default=0.01,
+                   help="largest exact-match loss against the baseline a choice may have (0.01 = one point)")
+    p.add_argument("--full-steps", type=int, default=4, help="warm-up steps of every candidate")
+    p.add_argument("--prompt-period", type=int, default=4, help="prompt fed every N-th step in every candidate")
+    p.set_defaults(func=cmd_calibrate_dyllm)
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    model, requests, gen = load_calibration_inputs(args)
+    out = calibrate(model, requests, gen, lam=args.lam, progress=True, plot=args.plot, rank_by=args.rank_by,
+                    guard_mode=args.guard_mode)
+    cfg = out.pop("config")
+    cfg.to_json(args.out, calibration=out)
+    print(f"wrote {args.out}: {json.dumps(cfg.to_dict())}")
+    return 0
+
+
+def cmd_calibrate_dyllm(args: argparse.Namespace) -> int:
+    check_max_drop(args.max_drop)  # before the model is loaded
+    DyLLMConfig(full_steps=args.full_steps, prompt_period=args.prompt_period)
+    model, requests, gen = load_calibration_inputs(args)
+    out = calibrate_dyllm(model, requests, gen, max_drop=args.max_drop, full_steps=args.full_steps,
+                          prompt_period=args.prompt_period, progress=True)
+    cfg = out.pop("config")
+    cfg.to_json(args.out, calibration=out)
+    print(f"wrote {args.out}: {json.dumps(cfg.to_dict())}")
+    if not out["within_tolerance"]:
+        print(f"seer calibrate-dyllm: no candidate kept the exact match within {args.max_drop} of the "
+              f"baseline; {args.out} holds the most accurate one", file=sys.stderr)
+        return 1
+    return 0

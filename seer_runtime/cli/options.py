@@ -1,0 +1,116 @@
+"""What the ``seer`` commands share: the model layer, the generation and policy options, and how
+the calibrate commands read their requests.
+
+Model loading, tokenizers and images come from the model layer through the ``seer.models``
+entry point (``model_adapters.services``); ``seer_runtime`` never imports a model definition.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from importlib.metadata import entry_points
+
+import torch
+
+from ..config import GenerationConfig
+from ..dyllm import DyLLMConfig
+from ..evaluate import read_requests_jsonl
+from ..seer import SeerConfig
+
+#: --dtype choices -> torch dtypes (None: the checkpoint's own)
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, None: None}
+
+
+def model_services():
+    """The registered model layer (``model_adapters.services`` unless another package registers)."""
+    found = list(entry_points(group="seer.models"))
+    if not found:
+        raise RuntimeError("no 'seer.models' entry point is installed: run `pip install -e .` in the repository")
+    chosen = next((e for e in found if e.name == "default"), found[0])
+    return chosen.load()
+
+
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dtype", default=None, choices=[k for k in DTYPES if k])
+    p.add_argument("--device", default="cpu")
+
+
+def add_generation_options(p: argparse.ArgumentParser, *, with_policies: bool = True) -> None:
+    g = p.add_argument_group("generation")
+    g.add_argument("--gen-length", type=int, default=None, help="response window (default: 128, or the JSON's)")
+    g.add_argument("--steps", type=int, default=None, help="denoising steps (default: gen_length)")
+    g.add_argument("--block-length", type=int, default=None, help="semi-autoregressive block (LLaDA family)")
+    g.add_argument("--temperature", type=float, default=None, help="0 = argmax (default)")
+    g.add_argument("--remasking", default=None, help="LLaDA family: low_confidence|random|margin|entropy")
+    g.add_argument("--alg", default=None, help="Dream family: origin|maskgit_plus|topk_margin|entropy")
+    g.add_argument("--cfg-scale", type=float, default=None, help="classifier-free guidance scale (LLaDA family)")
+    g.add_argument("--schedule", default=None, help="shift|cosine|logit_normal|uniform (LaViDa)")
+    g.add_argument("--step-ratio", type=float, default=None, help="LaViDa: steps per block scaled by this ratio (0, 1]")
+    g.add_argument("--prefix-cache", dest="prefix_cache", action="store_true", default=None)
+    g.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false")
+    g.add_argument("--gen-json", default=None, help="a JSON file of GenerationConfig fields")
+    if not with_policies:
+        return
+    g.add_argument("--seer", default=None, help="a SeerConfig JSON file (from `seer calibrate`) to cut the window")
+    g.add_argument("--dyllm", default=None,
+                   help="a DyLLMConfig JSON file (from `seer calibrate-dyllm`), or 'default' (the paper's "
+                        "settings: the family's tau, 4 warm-up steps, prompt every 4th step; partial attention "
+                        "corrected for the salient keys' change)")
+
+
+def generation_config(args) -> GenerationConfig:
+    """The GenerationConfig of ``--gen-json`` with the command-line options over it."""
+    fields = {}
+    if args.gen_json:
+        with open(args.gen_json) as f:
+            fields = json.load(f)
+    for name in ("gen_length", "steps", "block_length", "temperature", "remasking", "alg", "cfg_scale", "schedule",
+                 "step_ratio", "prefix_cache"):
+        value = getattr(args, name)
+        if value is not None:
+            fields[name] = value
+    return GenerationConfig.from_dict(fields)
+
+
+def policies(args, model) -> tuple[SeerConfig | None, DyLLMConfig | None]:
+    """The Seer and DyLLM configurations named by ``--seer`` / ``--dyllm``."""
+    seer = SeerConfig.from_json(args.seer) if getattr(args, "seer", None) else None
+    dyllm = None
+    if getattr(args, "dyllm", None):
+        dyllm = DyLLMConfig.for_model(model) if args.dyllm == "default" else DyLLMConfig.from_json(args.dyllm)
+    return seer, dyllm
+
+
+def add_calibration_inputs(p: argparse.ArgumentParser) -> None:
+    """The options both calibrate commands read their requests with (:func:`load_calibration_inputs`)."""
+    p.add_argument("--model", default=None,
+                   help="a local checkpoint with its tokenizer.json (default: the embedded model); needs --data")
+    p.add_argument("--data", default=None,
+                   help="JSONL, one request per line: question, optional image (path relative to the file), "
+                        "optional answer (default: the embedded model's calibration split)")
+    p.add_argument("--requests", type=int, default=None, help="use only the first N requests of the data")
+    add_model_options(p)
+    add_generation_options(p, with_policies=False)
+
+
+def load_calibration_inputs(args):
+    """(model, requests, generation config) from the calibrate commands' options: ``--model``
+    with ``--data`` (a real checkpoint, its tokenizer and generation options), or the embedded
+    model with its calibration split (or ``--data``)."""
+    svc = model_services()
+    if args.model:  # a real checkpoint: its own tokenizer, image processor and generation options
+        if not args.data:
+            raise ValueError("--model needs --data (a JSONL of requests: question, optional image and answer)")
+        model = svc.load_model(args.model, dtype=DTYPES[args.dtype], device=args.device)
+        tok = svc.load_tokenizer(args.model)
+        requests = read_requests_jsonl(
+            args.data, encode_prompt=tok.encode_prompt, limit=args.requests,
+            encode_answer=lambda text: tok.tokenizer.encode(text, add_special_tokens=False).ids,
+            load_image=lambda p: svc.load_image(model, p))
+        gen = generation_config(args)
+    else:
+        emb = svc.embedded()
+        model, _ = emb.load_embedded()
+        requests, gen = emb.calibration_requests(args.data, n=args.requests, model=model)
+    return model, requests, gen

@@ -1,0 +1,84 @@
+"""The decoding-policy interface: named hooks the engine calls at fixed points of a ``generate``.
+
+A policy is a plain object; :class:`DecodePolicy` is its base class, with every hook a no-op,
+so a policy implements only the hooks it needs. The engine (``engine.DecodeRun``) calls each
+hook on every policy in the order they were composed (``generation.compose_policies``):
+Seer (it changes the windows the others read), the router (it runs the forwards), DyLLM (it
+chooses a layer's rows), then any policy the caller adds. A policy reads and changes the run
+through the run's public state (``run.window``, ``run.plans``, ``run.x``, ...) and never through
+another policy.
+
+The hooks, in the order a ``generate`` call reaches them::
+
+    on_request(run)                        the batch is embedded, windows and plans are set
+    for each step:
+        execute(run, rows, step)           the first policy returning logits runs the step's
+                                           forward(s) (the router); None: the engine's padded one
+        per forward (fwd: engine.Forward, its rows, step and inputs):
+            plan_forward(run, fwd)         before the inputs are built (what the forward feeds)
+            before_layers(run, fwd)        inputs built (fwd.hidden, fwd.layout, ...)
+            per layer i:
+                layer_taps(run, fwd, i, taps)   ask the layer for something (adapter.Taps)
+                after_layer(run, fwd, i, taps)  the layer ran ("after the probe layer of step 0")
+            after_layers(run, fwd)         the layer loop is done, before the LM head
+            on_logits(run, fwd, logits)    the window's logits; may return narrower ones
+        after_step(run, step)              the step's tokens are committed; True: steps remain
+    report(run)                            a dict for ``stats.extra[policy.name]``, or None
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:  # annotations only (the engine itself never imports the policies)
+    from .adapter import Taps
+    from .engine import DecodeRun, Forward
+
+
+class DecodePolicy:
+    """Base class of the policies: every hook does nothing (see the module docstring).
+
+    name: the key of this policy's report in ``stats.extra``.
+    packed_layouts: whether the policy works on the router's packed (varlen) layouts; when a
+        composed policy does not, the router runs every group padded.
+    """
+
+    name: str = "policy"
+    packed_layouts: bool = True
+
+    def on_request(self, run: DecodeRun) -> None:
+        """The batch is set up (prompts embedded, prefix cached, windows full, plans made)."""
+
+    def execute(self, run: DecodeRun, rows: list[int], step: int) -> torch.Tensor | None:
+        """Run the forward(s) of ``rows`` at ``step`` and return their window logits ``[R, W', V]``,
+        or None to leave it to the next policy (and finally to the engine's padded forward)."""
+        return None
+
+    def plan_forward(self, run: DecodeRun, fwd: Forward) -> None:
+        """A forward of ``fwd.rows`` is about to be laid out (``fwd.feed_prompt`` may be cleared)."""
+
+    def before_layers(self, run: DecodeRun, fwd: Forward) -> None:
+        """The forward's inputs are built; it may re-lay them (``fwd.hidden``, ``fwd.layout``)."""
+
+    def layer_taps(self, run: DecodeRun, fwd: Forward, layer: int, taps: Taps) -> None:
+        """Set requests on ``taps`` for ``layer`` of this forward."""
+
+    def after_layer(self, run: DecodeRun, fwd: Forward, layer: int, taps: Taps) -> None:
+        """``layer`` ran: ``fwd.hidden`` is its output, ``taps`` holds what was asked for."""
+
+    def after_layers(self, run: DecodeRun, fwd: Forward) -> None:
+        """Every layer ran; ``fwd.hidden`` is the final hidden state of the forward."""
+
+    def on_logits(self, run: DecodeRun, fwd: Forward, logits: torch.Tensor) -> torch.Tensor:
+        """The forward's window logits; return them, or a narrower slice after a cut."""
+        return logits
+
+    def after_step(self, run: DecodeRun, step: int) -> bool:
+        """``step`` is committed; return True when this policy needs further steps."""
+        return False
+
+    def report(self, run: DecodeRun) -> dict | None:
+        """What this policy measured, for ``stats.extra[self.name]`` (None: nothing)."""
+        return None

@@ -1,0 +1,249 @@
+"""Routed execution: after Seer's cut, every step of a batch runs the path the PWR router picks.
+
+:class:`RoutedExecution` is the policy that owns a step's forward (``execute``):
+
+* ``STATIC`` - the windows padded to the micro-bucket ``B_G`` (padded layout, SDPA); with the
+  prefix cache it replays a graph of the :class:`~seer_runtime.serving.graph_cache.GraphCache`
+  keyed by the router's ``GraphKey`` (persistent buffers hold the window ids, positions, key
+  mask and the group's prefix K/V; a CUDA graph per key on a CUDA device, the same buffers run
+  eagerly elsewhere, said once);
+* ``VARLEN`` - the windows packed back to back (``PackedLayout``), padded to the packed bucket
+  ``P``; attention through ``seer_kernels.varlen_attention``;
+* ``EAGER`` - packed with no padding (a lone request, ultra-short windows).
+
+A packed layout is built once per change of the rows or their window lengths and later steps
+only gather the current tokens through its source index: with the prefix cache by the fused
+``seer_kernels.slice_repack`` kernel, without it (each sequence is the request's real prompt
+tokens then its window) with index maps in torch. Classifier-free guidance and policies that
+need padded rows (``DecodePolicy.packed_layouts``, DyLLM) keep every group padded; the router's
+decisions are still recorded. Useful and padded tokens per path: ``stats.extra["router"]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from seer_kernels import slice_repack
+
+from ..adapter import PackedLayout, PaddedLayout, PrefixKV
+from ..engine import DecodeRun, Forward
+from ..policy import DecodePolicy
+from .graph_cache import FILL_FIRST_TRUE, BufferSpec, GraphCache
+from .router import PATH_EAGER, PATH_STATIC, PATH_VARLEN, Route, Router, RouterConfig, RouterStats
+
+
+@dataclass
+class PackedGroup:
+    """The packed layout of one group: ``src_index`` flat indices into the windows' tokens
+    (``-1``: padding), ``capacity`` packed rows computed, ``logit_rows`` the packed row whose
+    state gives each window position's logits and ``logit_dest`` its (group row, position);
+    without the prefix cache, ``prompt_rows`` the packed rows holding prompt tokens and
+    ``prompt_src`` the (request, prompt position) of each."""
+
+    rows: list[int]
+    layout: PackedLayout
+    src_index: torch.Tensor
+    capacity: int
+    logit_rows: torch.Tensor
+    logit_dest: torch.Tensor
+    prompt_rows: torch.Tensor | None = None
+    prompt_src: torch.Tensor | None = None
+
+
+class RoutedExecution(DecodePolicy):
+    """Runs each step's forward on the path the router picks (see the module docstring).
+
+    config: the router's tables (None: ``RouterConfig.for_window(gen_length, max_batch=B)``);
+    graphs: "auto" (CUDA graphs on a CUDA device), None (eager) or a graph backend object.
+    """
+
+    name = "router"
+
+    def __init__(self, config: RouterConfig | None = None, *, graphs="auto") -> None:
+        self.config = config
+        self.graph_backend = graphs
+
+    def on_request(self, run: DecodeRun) -> None:
+        config = self.config or RouterConfig.for_window(run.width, max_batch=max(1, run.batch_size))
+        self.router = Router(config)
+        self.stats = RouterStats()
+        self._group: tuple[tuple, PackedGroup] | None = None  # one layout at a time: rows and lengths change rarely
+        self._graphs: GraphCache | None = None
+        self._graph_layout = None
+        self._padded_only = run.gen.cfg_scale > 0 or not all(p.packed_layouts for p in run.policies)
+
+    def execute(self, run: DecodeRun, rows: list[int], step: int) -> torch.Tensor | None:
+        if run.window.cut_pending:
+            return None  # Seer's step 0 (the cut happens inside it) runs padded
+        lengths = [run.window[r] for r in rows]
+        route = self.router.route(lengths)
+        self.stats.add(route)
+        if route.path == PATH_STATIC and not self._padded_only and self._graphable(run):
+            logits = self._forward_static_graph(run, rows, step, route)
+        elif route.path == PATH_STATIC or self._padded_only:
+            width = min(run.width, route.key.length) if route.path == PATH_STATIC else max(lengths)
+            logits = run.forward(rows, step, width=width)
+        else:
+            logits = self._forward_packed(run, rows, step, route)
+        return logits[:, : max(lengths)]
+
+    def report(self, run: DecodeRun) -> dict:
+        out = {"router": self.stats.as_dict()}
+        if self._graphs is not None:
+            c = self._graphs.counters
+            out["graphs"] = {"captures": c.captures, "replays": c.replays, "eager_runs": c.eager_runs}
+        return out
+
+    # -- packed groups ---------------------------------------------------------------------------
+    def _packed_group(self, run: DecodeRun, rows: list[int], route: Route) -> PackedGroup:
+        key = (tuple(rows), tuple(run.window[r] for r in rows), route.path,
+               None if route.key is None else route.key.length)
+        if self._group is None or self._group[0] != key:
+            self._group = (key, self._build_packed(run, rows, route))
+        return self._group[1]
+
+    def _build_packed(self, run: DecodeRun, rows: list[int], route: Route) -> PackedGroup:
+        dev = run.device
+        lens = [run.window[r] for r in rows]
+        capacity = route.key.length if route.path == PATH_VARLEN else sum(lens)
+        if run.prefix_cache:
+            return self._build_packed_cached(run, rows, lens)
+        # no cache: each sequence is the request's real prompt tokens, then its window
+        prompt = [run.prompt_lengths[r] for r in rows]
+        seq = [p + n for p, n in zip(prompt, lens)]
+        starts = torch.tensor([0] + seq, device=dev).cumsum(0)
+        cu = starts.to(torch.int32)
+        capacity = capacity + sum(prompt)
+        src = torch.full((capacity,), -1, dtype=torch.long, device=dev)
+        positions = torch.zeros(capacity, dtype=torch.long, device=dev)
+        prompt_rows, prompt_src, logit_rows, logit_dest = [], [], [], []
+        lp = run.prompt_len
+        for g, (r, p, n) in enumerate(zip(rows, prompt, lens)):
+            s = int(starts[g])
+            pr = torch.arange(s, s + p, device=dev)
+            prompt_rows.append(pr)
+            prompt_src.append(torch.stack([torch.full_like(pr, r), torch.arange(lp - p, lp, device=dev)], 1))
+            wr = torch.arange(s + p, s + p + n, device=dev)
+            src[wr] = r * run.width + torch.arange(n, device=dev)
+            positions[s: s + p + n] = run.positions[r, lp - p: lp + n]
+            logit_rows.append(wr - run.logits_shift)  # Dream: window j reads the state at j - 1
+            logit_dest.append(torch.stack([torch.full_like(wr, g), torch.arange(n, device=dev)], 1))
+        layout = PackedLayout(positions, cu, cu, max(seq), max(seq))
+        return PackedGroup(rows, layout, src, capacity, torch.cat(logit_rows), torch.cat(logit_dest),
+                           torch.cat(prompt_rows), torch.cat(prompt_src))
+
+    def _build_packed_cached(self, run: DecodeRun, rows: list[int], lens: list[int]) -> PackedGroup:
+        dev = run.device
+        cfg = self.router.config
+        index = run.row_index(rows)
+        out = slice_repack(run.tokens, run.window.device_lengths(),
+                           positions=run.positions[:, run.prompt_len: run.prompt_len + run.width].contiguous(),
+                           row_ids=index.to(torch.int32), micro_buckets=cfg.micro_buckets,
+                           packed_buckets=cfg.packed_buckets, batch_buckets=cfg.batch_buckets, tau_pad=cfg.tau_pad,
+                           eager_max_bucket=cfg.eager_max_bucket, pad_value=run.token_ids.pad)
+        ctrl = out.read()  # one small read per layout change; steps in between never sync
+        if ctrl.path not in (PATH_VARLEN, PATH_EAGER):
+            raise RuntimeError(f"slice_repack chose path {ctrl.path} where the router chose a packed path")
+        cap = ctrl.bucket if ctrl.path == PATH_VARLEN else ctrl.total
+        cu_q = out.cu_seqlens[: len(rows) + 1].clone()
+        src = out.packed_src_index[:cap].clone()
+        positions = out.packed_positions[:cap].clone()
+        prefix_len = (run.prefix.key_mask[index].sum(1) if run.prefix.key_mask is not None
+                      else torch.full((len(rows),), run.prompt_len, device=dev)).tolist()
+        seq_k = [p + n for p, n in zip(prefix_len, lens)]
+        cu_k = torch.tensor([0] + seq_k, device=dev).cumsum(0).to(torch.int32)
+        pref_start = torch.tensor([0] + prefix_len, device=dev).cumsum(0)
+        n_prefix = int(pref_start[-1])
+        key_index, logit_rows, logit_dest = [], [], []
+        for g, (p, n) in enumerate(zip(prefix_len, lens)):
+            s = int(cu_q[g])
+            key_index.append(torch.arange(int(pref_start[g]), int(pref_start[g]) + p, device=dev))
+            key_index.append(n_prefix + torch.arange(s, s + n, device=dev))
+            rows_g = torch.arange(s, s + n, device=dev)
+            if run.logits_shift:  # within the window: position 0 keeps its own state
+                rows_g = torch.cat([rows_g[:1], rows_g[:-1]])
+            logit_rows.append(rows_g)
+            logit_dest.append(torch.stack([torch.full((n,), g, device=dev), torch.arange(n, device=dev)], 1))
+        layout = PackedLayout(positions, cu_q, cu_k, max(lens), max(seq_k), torch.cat(key_index))
+        return PackedGroup(rows, layout, src, cap, torch.cat(logit_rows), torch.cat(logit_dest))
+
+    def _forward_packed(self, run: DecodeRun, rows: list[int], step: int, route: Route) -> torch.Tensor:
+        pg = self._packed_group(run, rows, route)
+        flat = run.tokens.reshape(-1)
+        tokens = torch.where(pg.src_index >= 0, flat[pg.src_index.clamp(min=0)],
+                             torch.full_like(pg.src_index, run.token_ids.pad))
+        hidden = run.model.embed(tokens)
+        if pg.prompt_rows is not None:
+            hidden[pg.prompt_rows] = run.prompt_embeds[pg.prompt_src[:, 0], pg.prompt_src[:, 1]]
+        fwd = Forward(rows, run.row_index(rows), step, max(run.window[r] for r in rows), hidden=hidden,
+                      layout=pg.layout, positions=pg.capacity, prompt_fed=not run.prefix_cache,
+                      lengths=[run.window[r] for r in rows])
+        if run.prefix_cache:
+            fwd.prefix = run.prefix if len(rows) == run.batch_size else run.prefix.select(fwd.index)
+        run.run_forward(fwd)
+        logits = run.model.head(fwd.hidden[pg.logit_rows])
+        out = logits.new_zeros((len(rows), fwd.width, logits.shape[-1]))
+        out[pg.logit_dest[:, 0], pg.logit_dest[:, 1]] = logits
+        for p in run.policies:
+            out = p.on_logits(run, fwd, out)
+        return out
+
+    # -- static groups through the graph cache ----------------------------------------------------
+    def _graphable(self, run: DecodeRun) -> bool:
+        return run.prefix_cache and self.graph_backend is not None and run.width <= self.router.config.n_max
+
+    def _static_cache(self, run: DecodeRun) -> GraphCache:
+        """The graph cache of this run's static keys (built at the first static group)."""
+        if self._graphs is not None:
+            return self._graphs
+        model, layers, lp = run.model, run.num_layers, run.prompt_len
+        hk, hd = model.num_kv_heads, model.head_dim
+        dtype = run.prefix.keys[0].dtype
+        specs = {
+            "ids": BufferSpec(("batch", "length"), torch.long, run.token_ids.pad),
+            "positions": BufferSpec(("batch", "length"), torch.long, 0),
+            "key_mask": BufferSpec(("batch", f"length+{lp}"), torch.bool, FILL_FIRST_TRUE),
+        }
+        for i in range(layers):
+            specs[f"k{i}"] = BufferSpec(("batch", hk, lp, hd), dtype, 0)
+            specs[f"v{i}"] = BufferSpec(("batch", hk, lp, hd), dtype, 0)
+        keys = [k for k in self.router.valid_keys(PATH_STATIC) if k.length <= run.width]
+
+        def step_logits(key, bufs):
+            """One captured step: embed the window ids, every layer against the buffered prefix, logits."""
+            prefix = PrefixKV([bufs[f"k{i}"] for i in range(layers)], [bufs[f"v{i}"] for i in range(layers)],
+                              None, lp)
+            layout = PaddedLayout(bufs["positions"], bufs["key_mask"])
+            fwd = Forward([], None, step=-1, width=key.length, hidden=model.embed(bufs["ids"]), layout=layout,
+                          prefix=prefix, hooks=False)
+            fwd.rope = model.rope(layout.positions)
+            run.run_layers(fwd)
+            return run.window_logits(fwd)
+
+        self._graphs = GraphCache(step_logits, specs, keys, device=run.device, backend=self.graph_backend)
+        return self._graphs
+
+    def _forward_static_graph(self, run: DecodeRun, rows: list[int], step: int, route: Route) -> torch.Tensor:
+        cache = self._static_cache(run)
+        key, width = route.key, route.key.length
+        index = run.row_index(rows)
+        layout_id = (tuple(rows), key)
+        if self._graph_layout != layout_id:  # the group's prefix K/V: written once per layout
+            prefix = run.prefix.select(index)
+            cache.write(key, {**{f"k{i}": prefix.keys[i] for i in range(run.num_layers)},
+                              **{f"v{i}": prefix.values[i] for i in range(run.num_layers)}})
+            self._graph_layout = layout_id
+        live = run.window.live_mask(index, width)
+        prompt_keys = run.prefix.key_mask[index] if run.prefix.key_mask is not None else torch.ones(
+            len(rows), run.prompt_len, dtype=torch.bool, device=run.device)
+        ids = torch.where(live, run.tokens[index, :width], torch.full_like(live, run.token_ids.pad, dtype=torch.long))
+        inputs = {"ids": ids, "positions": run.positions[index, run.prompt_len: run.prompt_len + width],
+                  "key_mask": torch.cat([prompt_keys, live], dim=1)}
+        logits = cache.run(key, inputs, narrow=len(rows))
+        run.stats.tokens_computed += key.batch * width * run.num_layers
+        for r in rows:
+            run.tokens_per_request[r] += run.window[r] * run.num_layers
+        run.stats.nfe += 1
+        return logits.clone()
