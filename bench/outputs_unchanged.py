@@ -13,10 +13,13 @@ Seer's cuts and guard events, DyLLM's computed rows):
   remasking strategies and Dream's algorithms, classifier-free guidance, Seer, DyLLM, the router
   (with a fixed cut, as the serving benchmarks drive it) and their compositions.
 
-Usage::
+Usage (from the repository root; a path ending in ``.gz`` is read and written gzipped)::
 
-    python bench/outputs_unchanged.py record out/outputs_before.json   # on the old tree
-    python bench/outputs_unchanged.py compare out/outputs_before.json  # on the new tree
+    PYTHONPATH=. .venv/bin/python -m bench.outputs_unchanged record out/before.json.gz   # old tree
+    PYTHONPATH=. .venv/bin/python -m bench.outputs_unchanged compare out/before.json.gz  # new tree
+
+``bench/records/outputs_1ed0d9b.json.gz`` is the record of commit 1ed0d9b (before the runtime
+redesign); ``compare`` against it checks that nothing a refactor touched changed what it returns.
 
 ``compare`` decodes again and reports every mode whose sequences or statistics differ; it exits 1
 when any does. ``--only SUBSTRING`` restricts both to the modes whose name contains it.
@@ -25,6 +28,7 @@ when any does. ``--only SUBSTRING`` restricts both to the modes whose name conta
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import sys
 import time
@@ -249,12 +253,16 @@ def main(argv=None) -> int:
             results[name] = run()
             seconds[name] = time.perf_counter() - t0
             print(f"{name:60s} {seconds[name]:6.1f}s", file=sys.stderr, flush=True)
+    path = Path(args.path)
+    opener = gzip.open if path.suffix == ".gz" else open
     if args.action == "record":
-        Path(args.path).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.path).write_text(json.dumps({"modes": results, "seconds": seconds}))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with opener(path, "wt") as f:
+            json.dump({"modes": results, "seconds": seconds}, f)
         print(f"recorded {len(results)} modes in {args.path}")
         return 0
-    before = json.loads(Path(args.path).read_text())["modes"]
+    with opener(path, "rt") as f:
+        before = json.load(f)["modes"]
     changed = []
     for name, got in results.items():
         if name not in before:
