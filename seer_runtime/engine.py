@@ -321,14 +321,15 @@ class DecodeRun:
     def run_layers(self, fwd: Forward) -> None:
         """The layer loop: each layer with the taps the policies ask for, then ``after_layer``."""
         model, policies = self.model, self.policies if fwd.hooks else ()
-        for i in range(self.num_layers):
-            taps = Taps()
-            for p in policies:
-                p.layer_taps(self, fwd, i, taps)
-            fwd.hidden = model.layer(i, fwd.hidden, fwd.layout, rope=fwd.rope, prefix=fwd.prefix,
-                                     taps=taps if taps.requested else None)
-            for p in policies:
-                p.after_layer(self, fwd, i, taps)
+        with prange("layers"):
+            for i in range(self.num_layers):
+                taps = Taps()
+                for p in policies:
+                    p.layer_taps(self, fwd, i, taps)
+                fwd.hidden = model.layer(i, fwd.hidden, fwd.layout, rope=fwd.rope, prefix=fwd.prefix,
+                                         taps=taps if taps.requested else None)
+                for p in policies:
+                    p.after_layer(self, fwd, i, taps)
 
     def narrow_forward(self, fwd: Forward, after_layer: int) -> None:
         """Re-lay a padded forward to its rows' current (shorter) windows after ``after_layer``
@@ -517,22 +518,22 @@ class DecodeRun:
     def step(self, step: int) -> bool:
         """Run denoising step ``step``; False when no request had a step left and no policy
         asks for more."""
-        ran = not all(step >= p.steps for p in self.plans)
-        if ran:
-            rows = self.active_rows(step)
-            if rows:
-                with prange("step"):
+        with prange("step"):
+            ran = not all(step >= p.steps for p in self.plans)
+            if ran:
+                rows = self.active_rows(step)
+                if rows:
                     t0 = time.perf_counter()
                     logits = self.execute(rows, step)
                     t1 = time.perf_counter()
                     with prange("sample"):
                         self.sample(rows, logits, step)
                     t2 = time.perf_counter()
-                self.stats.add_time("forward", t1 - t0)
-                self.stats.add_time("sample", t2 - t1)
-                for r in rows:
-                    self.steps_done[r] += 1
-        more = [p.after_step(self, step) for p in self.policies]
+                    self.stats.add_time("forward", t1 - t0)
+                    self.stats.add_time("sample", t2 - t1)
+                    for r in rows:
+                        self.steps_done[r] += 1
+            more = [p.after_step(self, step) for p in self.policies]
         return ran or any(more)
 
     def decode(self) -> None:

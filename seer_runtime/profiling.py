@@ -5,9 +5,10 @@ or ``torch.cuda.nvtx`` when that package is absent; ``SEER_PROFILE=torch`` uses
 ``torch.profiler.record_function``. Unset (the default), :func:`prange` returns a shared
 ``nullcontext``. The choice is made once, at the first call.
 
-Range names: ``generate``, ``prefill``, ``step``, ``forward``, ``layer/{i}``, ``sample``,
-``seer/probe``, ``seer/cut``, ``route``, ``graph/replay[...]``, ``dyllm/...``. Keep them out of
-CUDA-graph captures (a range inside a capture is recorded once, not per replay).
+Range names: ``generate``, ``embed``, ``prefill``, ``step``, ``forward``, ``layers`` (one
+forward's layer loop), ``sample``, ``graph/capture[...]``, ``graph/replay[...]``. Keep them out
+of CUDA-graph captures (a range inside a capture is recorded once, not per replay).
+:func:`observe` lets a tool see the ranges too (``sync_audit`` counts syncs per range).
 """
 
 from __future__ import annotations
@@ -47,12 +48,39 @@ def _choose():
     return None
 
 
+_observers: list = []
+
+
 def prange(name: str):
     """A context manager marking ``name`` for the profiler in use (a no-op by default)."""
     global _factory
     if _factory is None:
         _factory = _choose() or (lambda name: _NULL)
+    if _observers:
+        return _observed(name, _factory(name))
     return _factory(name)
+
+
+@contextlib.contextmanager
+def _observed(name: str, inner):
+    for o in _observers:
+        o.enter(name)
+    try:
+        with inner:
+            yield
+    finally:
+        for o in reversed(_observers):
+            o.exit(name)
+
+
+@contextlib.contextmanager
+def observe(observer):
+    """Within the block, ``observer.enter(name)`` / ``observer.exit(name)`` are called around every range."""
+    _observers.append(observer)
+    try:
+        yield observer
+    finally:
+        _observers.remove(observer)
 
 
 def reset() -> None:
