@@ -164,9 +164,9 @@ class DecodeRun:
         self.prefix_cache = gen.prefix_cache if gen.prefix_cache is not None else bool(model.is_multimodal)
         self.logits_shift = int(model.logits_shift)
         self.num_layers = int(model.num_layers)
-        if gen.rng == "per_request":
+        if gen.rng == "per_request":  # one generator per request, on the run's device (no host round trip)
             base = 0 if gen.seed is None else gen.seed
-            generators = [torch.Generator().manual_seed(base + b) for b in range(self.batch_size)]
+            generators = [torch.Generator(device=self.device).manual_seed(base + b) for b in range(self.batch_size)]
             self.rand = RandomSource("per_request", generators)
         else:
             if gen.seed is not None:
@@ -188,14 +188,15 @@ class DecodeRun:
                                else torch.full((self.batch_size,), self.prompt_len, device=self.device)).tolist()
         self.tokens = torch.full((self.batch_size, self.width), self.token_ids.mask, dtype=torch.long,
                                  device=self.device)
-        self.window = WindowState(self.batch_size, self.width, self.device)
         self.tokens_per_request = [0] * self.batch_size
         self.steps_done = [0] * self.batch_size
         self.prefix: PrefixKV | None = None
         self.first_masked = 0
-        self._row_index: dict[tuple[int, ...], torch.Tensor] = {}
+        self._device_tensors: dict[tuple, torch.Tensor] = {}
         if self.prefix_cache:
             self._prefill()
+        self.window = WindowState(self.batch_size, self.width, self.device, block=gen.block,
+                                  first_masked=self.first_masked)
         if gen.cfg_scale > 0:
             self.mask_embed = model.embed(torch.tensor([self.token_ids.mask], device=self.device))[0]
         self.plans = [self.make_plan(b, self.width) for b in range(self.batch_size)]
@@ -220,19 +221,24 @@ class DecodeRun:
         """A fresh plan for the masks of request ``b`` in window positions ``[start, window)``."""
         if self.rules.family == "llada":
             return llada_plan(window, self.gen, start=start, first_mask=self.first_masked)
-        masks = int((self.tokens[b, start:window] == self.token_ids.mask).sum())
+        masks = self.window.masks.left(b, start, window)
         return dream_plan(window, self.gen, self.rules, masks=masks, start=start,
                           positions=window if start == 0 else window - start)
 
     def row_index(self, rows: list[int]) -> torch.Tensor:
         """``rows`` as an int64 device tensor, built once per distinct set of rows."""
-        key = tuple(rows)
-        index = self._row_index.get(key)
-        if index is None:
-            if len(self._row_index) >= 64:  # rows change rarely; keep the table small
-                self._row_index.clear()
-            index = self._row_index[key] = torch.tensor(rows, device=self.device)
-        return index
+        return self.device_tensor(rows)
+
+    def device_tensor(self, values: list[int], dtype: torch.dtype = torch.long) -> torch.Tensor:
+        """Host ints as a device tensor, copied once per distinct value list (index lists, block
+        ends) and reused by every step that needs the same one."""
+        key = (dtype, *values)
+        t = self._device_tensors.get(key)
+        if t is None:
+            if len(self._device_tensors) >= 256:  # the lists change rarely; keep the table small
+                self._device_tensors.clear()
+            t = self._device_tensors[key] = torch.tensor(values, dtype=dtype, device=self.device)
+        return t
 
     # -- one forward --------------------------------------------------------------------------
     def forward(self, rows: list[int], step: int, *, width: int | None = None) -> torch.Tensor:
@@ -257,7 +263,7 @@ class DecodeRun:
         index, width = fwd.index, fwd.width
         live = self.window.live_mask(index, width)
         emb = self.model.embed(self.tokens[index, :width])
-        all_live = bool(live.all())
+        all_live = min(self.window[r] for r in fwd.rows) >= width  # decided on the host: no read
         fwd.lengths = [self.window[r] for r in fwd.rows]
         if self.prefix_cache or not fwd.feed_prompt:
             prefix = None
@@ -346,10 +352,12 @@ class DecodeRun:
         key_mask = fwd.layout.key_mask
         lead = key_mask[:rows, : key_mask.shape[1] - fwd.width] if key_mask is not None else torch.ones(
             rows, self.prompt_len, dtype=torch.bool, device=self.device)  # prompt keys (cached or not) first
+        all_keys = (min(self.window[r] for r in fwd.rows) >= width  # decided on the host: no read
+                    and all(self.prompt_lengths[r] == self.prompt_len for r in fwd.rows))
         key_mask = torch.cat([lead, live], dim=1)
         if fwd.cfg:
             key_mask = torch.cat([key_mask, key_mask])
-        key_mask = None if bool(key_mask.all()) else key_mask
+        key_mask = None if all_keys else key_mask
         fwd.layout = PaddedLayout(fwd.layout.positions[:, :keep], key_mask)
         fwd.width = width
         fwd.positions = fwd.hidden.shape[0] * fwd.hidden.shape[1]
@@ -395,7 +403,7 @@ class DecodeRun:
         width = logits.shape[1]
         masked = self.masked(rows, width)
         index = self.row_index(rows)
-        block_end = torch.tensor([self.plans[r].block_ends[step] for r in rows], device=self.device)
+        block_end = self.device_tensor([self.plans[r].block_ends[step] for r in rows])
         counts = [self.plans[r].counts[step] for r in rows]
         pad, full_len = self.reference_layout(rows, width)
         new = llada_step(
@@ -405,6 +413,8 @@ class DecodeRun:
             softmax_fp64=self.rules.softmax_fp64, tie_break=g.tie_break, pad=pad, rand=self.rand, full_len=full_len,
         )
         self.tokens[index, :width] = new
+        for r, k in zip(rows, counts):  # a step commits its count, or every mask its block has left
+            self.window.masks.commit(r, self.plans[r].block_starts[step], k)
 
     def _sample_dream(self, rows, logits, step) -> None:
         g = self.gen
@@ -412,41 +422,52 @@ class DecodeRun:
         masked = self.masked(rows, width)
         index = self.row_index(rows)
         window = self.tokens[index, :width].clone()
-        item_rows = masked.nonzero()[:, 0]
-        mask_logits = logits[masked]
+        # the masked positions, row-major; their number per row is known on the host (no read)
+        per_row = [self.window.masks.left(r) for r in rows]
+        starts = [sum(per_row[:i]) for i in range(len(rows))]
+        where = torch.nonzero_static(masked, size=sum(per_row))
+        item_rows, item_pos = where[:, 0], where[:, 1]
+        mask_logits = logits[item_rows, item_pos]
         if g.alg == "origin":
-            probs_t = []
-            for r in rows:
-                plan = self.plans[r]
-                t, s = plan.ts[step]
-                probs_t.append(torch.tensor(1.0) if plan.last[step] else 1 - s / t)
-            p_transfer = torch.stack([torch.as_tensor(p, dtype=torch.float32) for p in probs_t]).to(self.device)
-            draws = self._uniform_items(rows, masked, item_rows)
+            p_transfer = self.upload([1.0 if self.plans[r].last[step] else float(1 - self.plans[r].ts[step][1]
+                                                                                / self.plans[r].ts[step][0])
+                                      for r in rows], torch.float32)
+            draws = self._uniform_items(rows, per_row, starts)
             transfer = draws < p_transfer[item_rows]
             x0 = torch.full((mask_logits.shape[0],), self.token_ids.mask, dtype=torch.long, device=self.device)
-            if bool(transfer.any()):
-                _, tokens = dream_sample_tokens(mask_logits[transfer], temperature=g.temperature, top_p=g.top_p,
-                                                top_k=g.top_k, confidence="prob", rand=self.rand,
-                                                item_rows=item_rows[transfer], row_ids=rows)
-                x0[transfer] = tokens
-            window[masked] = x0
+            if g.temperature > 0:
+                # the reference draws for the transferred positions alone: their number is read
+                transferred = torch.zeros(len(rows), dtype=torch.long, device=self.device).index_add_(
+                    0, item_rows, transfer.long()).tolist()
+                if sum(transferred):
+                    chosen = torch.nonzero_static(transfer, size=sum(transferred)).flatten()
+                    _, tokens = dream_sample_tokens(mask_logits[chosen], temperature=g.temperature, top_p=g.top_p,
+                                                    top_k=g.top_k, confidence="prob", rand=self.rand,
+                                                    item_counts=transferred, row_ids=rows)
+                    x0[chosen] = tokens
+            else:  # greedy: every masked position's choice, kept where it transfers (no draw, no read)
+                _, tokens = dream_sample_tokens(mask_logits, temperature=0.0, top_p=g.top_p, top_k=g.top_k,
+                                                confidence="prob", rand=self.rand, item_counts=per_row, row_ids=rows)
+                x0 = torch.where(transfer, tokens, x0)
+            window[item_rows, item_pos] = x0
             self.tokens[index, :width] = window
+            self._count_masks(rows, window)
             return
         kind = {"maskgit_plus": "prob", "topk_margin": "margin", "entropy": "neg_entropy"}[g.alg]
         conf, x0 = dream_sample_tokens(mask_logits, temperature=g.temperature, top_p=g.top_p, top_k=g.top_k,
-                                       confidence=kind, rand=self.rand, item_rows=item_rows, row_ids=rows)
+                                       confidence=kind, rand=self.rand, item_counts=per_row, row_ids=rows)
         counts = []
         for local, r in enumerate(rows):
             plan = self.plans[r]
             k = plan.counts[step]
             if k is None:
                 t, s = plan.ts[step]
-                k = dream_count(int(masked[local].sum()), t, s, plan.last[step])
-            counts.append(min(int(k), int(masked[local].sum())))
+                k = dream_count(per_row[local], t, s, plan.last[step])
+            counts.append(min(int(k), per_row[local]))
         full_conf = torch.full(masked.shape, NEG_INF, dtype=logits.dtype, device=self.device)
-        full_conf[masked] = conf.to(logits.dtype)
+        full_conf[item_rows, item_pos] = conf.to(logits.dtype)
         candidate = window.clone()
-        candidate[masked] = x0
+        candidate[item_rows, item_pos] = x0
         pad, _ = self.reference_layout(rows, width)
         compact = self.rules.ranks_masked_only
         same_k = len(set(counts)) == 1
@@ -462,36 +483,47 @@ class DecodeRun:
                     sel = torch.multinomial(torch.softmax(vec / g.alg_temp, dim=-1), num_samples=k) - pad
                 else:
                     sel = torch.topk(vec, k, dim=-1).indices - pad
-                for local in range(len(rows)):
-                    window[local, sel[local]] = candidate[local, sel[local]]
-            self.tokens[index, :width] = window
-            return
-        for local, r in enumerate(rows):
-            k = counts[local]
-            if k <= 0:
-                continue
-            positions = masked[local].nonzero().flatten()
-            vec = full_conf[local, positions] if compact else full_conf[local]
-            if g.alg_temp is not None and g.alg_temp > 0:
-                weights = torch.softmax(vec / g.alg_temp, dim=-1)
-                if not compact and pad:
-                    weights = torch.cat([weights.new_zeros(pad), weights])
-                pick = self.rand.multinomial(weights, k, r) - (0 if compact else pad)
-            else:
-                pick = select_topk(vec, k, tie_break=g.tie_break, pad=0 if compact else pad)
-            sel = positions[pick] if compact else pick
-            window[local, sel] = candidate[local, sel]
+                window.scatter_(1, sel, candidate.gather(1, sel))
+        else:
+            for local, r in enumerate(rows):
+                k = counts[local]
+                if k <= 0:
+                    continue
+                positions = item_pos[starts[local]: starts[local] + per_row[local]]
+                vec = full_conf[local, positions] if compact else full_conf[local]
+                if sampled:
+                    weights = torch.softmax(vec / g.alg_temp, dim=-1)
+                    if not compact and pad:
+                        weights = torch.cat([weights.new_zeros(pad), weights])
+                    pick = self.rand.multinomial(weights, k, r) - (0 if compact else pad)
+                else:
+                    pick = select_topk(vec, k, tie_break=g.tie_break, pad=0 if compact else pad)
+                sel = positions[pick] if compact else pick
+                window[local, sel] = candidate[local, sel]
         self.tokens[index, :width] = window
+        self._count_masks(rows, window)
 
-    def _uniform_items(self, rows, masked, item_rows) -> torch.Tensor:
+    def _count_masks(self, rows: list[int], window: torch.Tensor) -> None:
+        """The masks each row has left after a Dream step, read once for all rows: Dream's rule
+        commits a number that depends on them (and a position may be given the mask id again)."""
+        left = ((window == self.token_ids.mask) & self.window.live_mask(self.row_index(rows), window.shape[1]))
+        for r, n in zip(rows, left.sum(dim=1).tolist()):
+            self.window.masks.set_left(r, n)
+
+    def _uniform_items(self, rows: list[int], per_row: list[int], starts: list[int]) -> torch.Tensor:
         """Dream origin's ``torch.rand`` over the flattened masked positions (row-major)."""
+        total = sum(per_row)
         if self.rand.mode == "global":
-            return torch.rand(int(masked.sum()), device=self.device)
-        out = torch.empty(int(masked.sum()), device=self.device)
-        for local, r in enumerate(rows):
-            sel = (item_rows == local).nonzero().flatten()
-            out[sel] = self.rand.uniform([r], (sel.numel(),), device=self.device)[0]
+            return torch.rand(total, device=self.device)
+        out = torch.empty(total, device=self.device)
+        for r, n, start in zip(rows, per_row, starts):
+            out[start: start + n] = self.rand.uniform([r], (n,), device=self.device)[0]
         return out
+
+    def upload(self, values: list, dtype: torch.dtype) -> torch.Tensor:
+        """Host values as a device tensor through pinned memory: a copy the host does not wait for."""
+        host = torch.tensor(values, dtype=dtype, pin_memory=self.device.type == "cuda")
+        return host.to(self.device, non_blocking=True)
 
     # -- the loop -----------------------------------------------------------------------------
     def active_rows(self, step: int) -> list[int]:
@@ -500,10 +532,9 @@ class DecodeRun:
             plan = self.plans[b]
             if step >= plan.steps:
                 continue
-            if self.rules.skips_finished_blocks:
-                block = self.tokens[b, plan.block_starts[step]: plan.block_ends[step]]
-                if not bool((block == self.token_ids.mask).any()):
-                    continue
+            if self.rules.skips_finished_blocks and not self.window.masks.left(b, plan.block_starts[step],
+                                                                                 plan.block_ends[step]):
+                continue
             rows.append(b)
         return rows
 

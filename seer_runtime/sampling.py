@@ -25,7 +25,8 @@ class RandomSource:
 
     mode "global": one draw over the reference's full shape from torch's global generator, sliced
     to the window (``full_shape`` and ``window`` give the reference layout).
-    mode "per_request": each row draws from its own generator (created once, seeded seed + index).
+    mode "per_request": each row draws from its own generator (created once, seeded seed + index,
+    on the run's device, so that no draw crosses between host and device).
     """
 
     def __init__(self, mode: str, generators: list[torch.Generator] | None = None):
@@ -45,25 +46,28 @@ class RandomSource:
             full = torch.rand((len(rows), full_len, *shape_per_row[1:]), dtype=dtype, device=device)
             return full[:, offset: offset + shape_per_row[0]]
         return torch.stack([
-            torch.rand(shape_per_row, dtype=dtype, generator=self.generators[r], device="cpu") for r in rows
+            torch.rand(shape_per_row, dtype=dtype, generator=self.generators[r], device=self.generators[r].device)
+            for r in rows
         ]).to(device)
 
-    def categorical(self, rows_of_items: torch.Tensor, probs: torch.Tensor, row_ids: list[int]) -> torch.Tensor:
-        """One categorical sample per item ``probs [N, V]``; ``rows_of_items [N]`` = batch row of each."""
+    def categorical(self, probs: torch.Tensor, item_counts: list[int], row_ids: list[int]) -> torch.Tensor:
+        """One categorical sample per item ``probs [N, V]``; the items are the rows' in order,
+        ``item_counts[local]`` of them for row ``row_ids[local]``."""
         if self.mode == "global":
             return dists.Categorical(probs=probs).sample()
         out = torch.empty(probs.shape[0], dtype=torch.long, device=probs.device)
-        for local, r in enumerate(row_ids):
-            sel = (rows_of_items == local).nonzero().flatten()
-            if sel.numel():
-                draw = torch.multinomial(probs[sel].cpu().float(), 1, generator=self.generators[r]).flatten()
-                out[sel] = draw.to(probs.device)
+        start = 0
+        for n, r in zip(item_counts, row_ids):
+            if n:
+                draw = torch.multinomial(probs[start: start + n].float(), 1, generator=self.generators[r]).flatten()
+                out[start: start + n] = draw
+            start += n
         return out
 
     def multinomial(self, weights: torch.Tensor, k: int, row: int) -> torch.Tensor:
         if self.mode == "global":
             return torch.multinomial(weights, num_samples=k)
-        return torch.multinomial(weights.cpu(), num_samples=k, generator=self.generators[row]).to(weights.device)
+        return torch.multinomial(weights, num_samples=k, generator=self.generators[row])
 
 
 def select_topk(conf: torch.Tensor, k: int, *, tie_break: str, pad: int = 0) -> torch.Tensor:
@@ -179,10 +183,11 @@ def dream_sample_tokens(
     top_k: int | None,
     confidence: str,
     rand: RandomSource,
-    item_rows: torch.Tensor,
+    item_counts: list[int],
     row_ids: list[int],
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dream's ``sample_tokens`` on ``logits [N, V]`` -> (confidence [N], tokens [N]).
+    """Dream's ``sample_tokens`` on ``logits [N, V]`` -> (confidence [N], tokens [N]); the items
+    are the rows' in order, ``item_counts[i]`` of them for row ``row_ids[i]``.
 
     confidence: "prob" (maskgit_plus / origin), "margin" (topk_margin) or "neg_entropy".
     """
@@ -195,7 +200,7 @@ def dream_sample_tokens(
     probs = torch.softmax(logits, dim=-1)
     if temperature > 0 and probs.shape[0]:
         try:
-            x0 = rand.categorical(item_rows, probs, row_ids)
+            x0 = rand.categorical(probs, item_counts, row_ids)
             conf = torch.gather(probs, -1, x0.unsqueeze(-1)).squeeze(-1)
         except (RuntimeError, ValueError):  # Dream's own fallback on an invalid distribution
             conf, x0 = probs.max(dim=-1)

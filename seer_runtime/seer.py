@@ -147,6 +147,7 @@ class SeerPolicy(DecodePolicy):
         self.pending: dict[int, int] = {}  # `both`: re-extensions applied after step 0
         self._profile_sum: torch.Tensor | None = None
         self.confirm_due = False
+        self._checked: set[int] = set()  # cut windows found complete with an end token (final)
         run.window.cut_pending = True
 
     # -- the cut ---------------------------------------------------------------------------------
@@ -239,23 +240,24 @@ class SeerPolicy(DecodePolicy):
         new_len = min(run.width, new_len)
         if new_len <= old:
             return
+        old_masks = run.window.masks.left(b, 0, old)
         run.window.set(b, new_len)
         plan = run.plans[b]
         if run.rules.family == "dream":
             # one global schedule: re-plan every mask left (Dream's last step commits all of them)
-            masks = int((run.tokens[b, :new_len] == run.token_ids.mask).sum())
+            masks = run.window.masks.left(b)
             run.plans[b] = plan.keep_first(step + 1).then(
                 dream_plan(new_len, run.gen, run.rules, masks=masks, positions=masks))
             return
         region = run.make_plan(b, new_len, start=old)
-        if not bool((run.tokens[b, :old] == run.token_ids.mask).any()):
+        if not old_masks:
             plan = plan.keep_first(step + 1)  # the old window is done: drop its idle remaining steps
         run.plans[b] = plan.then(region)
 
     def redecode(self, run: DecodeRun, b: int, step: int) -> None:
         """Decode request ``b`` again on the full window from step ``step + 1`` on."""
         run.tokens[b, run.first_masked:] = run.token_ids.mask
-        run.window.set(b, run.width)
+        run.window.reset(b)
         run.plans[b] = run.plans[b].keep_first(step + 1).then(run.make_plan(b, run.width))
 
     def after_step(self, run: DecodeRun, step: int) -> bool:
@@ -264,22 +266,38 @@ class SeerPolicy(DecodePolicy):
         self.pending.clear()
         guarded = False
         if self.config.guard and self.cut_done:
-            for b in range(run.batch_size):
-                n = run.window[b]
-                if n >= run.width:
-                    continue
-                window = run.tokens[b, :n]
-                if bool((window == run.token_ids.mask).any()):
-                    continue
-                if any(bool((window == t).any()) for t in run.token_ids.end_ids):
-                    continue
-                self.guard_events[b] += 1  # fully decoded, no end token: the answer ran into the cut
-                if self.config.guard_mode == "extend":
-                    self.extend(run, b, max(2 * n, n + 4), step)
-                else:
-                    self.redecode(run, b, step)
-                guarded = True
+            # a cut window that is fully decoded (known on the host) must hold an end token: one
+            # read of those windows, on the steps where some cut window has just been filled
+            done = [b for b in range(run.batch_size) if run.window[b] < run.width and b not in self._checked
+                    and not run.window.masks.left(b)]
+            if done:
+                for b, (has_mask, has_end) in zip(done, self._window_status(run, done)):
+                    if has_mask:  # the model gave a committed position the mask id: not decoded yet
+                        continue
+                    if has_end:
+                        self._checked.add(b)
+                        continue
+                    n = run.window[b]
+                    self.guard_events[b] += 1  # fully decoded, no end token: the answer ran into the cut
+                    if self.config.guard_mode == "extend":
+                        self.extend(run, b, max(2 * n, n + 4), step)
+                    else:
+                        self.redecode(run, b, step)
+                    guarded = True
         return guarded or any(step + 1 < p.steps for p in run.plans)
+
+    @staticmethod
+    def _window_status(run: DecodeRun, rows: list[int]) -> list[tuple[bool, bool]]:
+        """(a mask left, an end token) in each of ``rows``' windows: one read for all of them."""
+        index = run.row_index(rows)
+        width = run.window.longest(rows)
+        window = run.tokens[index, :width]
+        live = run.window.live_mask(index, width)
+        is_end = torch.zeros_like(window, dtype=torch.bool)
+        for t in run.token_ids.end_ids:
+            is_end |= window == t
+        status = torch.stack([((window == run.token_ids.mask) & live).any(dim=1), (is_end & live).any(dim=1)], 1)
+        return [tuple(row) for row in status.tolist()]
 
     def report(self, run: DecodeRun) -> dict:
         return {"seer": {

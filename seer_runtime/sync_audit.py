@@ -14,8 +14,8 @@ machine it tells device tensors from host tensors by provenance, so the same aud
 Counts are kept per range of ``seer_runtime.profiling.prange`` (the innermost open one, e.g.
 ``layers`` inside ``forward`` inside ``step``) and in total; ``events`` keeps what was counted
 with the range stack (``record_stacks=True`` adds the Python stack, to find the culprit).
-Non-blocking copies to the host (``.to("cpu", non_blocking=True)``) are counted apart as
-``async_reads``. Pair it with ``seer_kernels.emulate_device()`` so that the kernels' public
+Non-blocking copies (``.to(..., non_blocking=True)``, from pinned memory) are counted apart
+as ``async_reads`` / ``async_copies``: the host does not wait for them. Pair it with ``seer_kernels.emulate_device()`` so that the kernels' public
 functions run as on a GPU (no host-side value checks) while their references compute.
 """
 
@@ -37,7 +37,6 @@ from . import profiling
 _READ_OPS = {
     "aten._local_scalar_dense", "aten.nonzero", "aten.masked_select", "aten.unique_dim", "aten._unique2",
     "aten.unique_consecutive", "aten.bincount", "aten.equal", "aten.is_nonzero", "aten.allclose",
-    "aten.nonzero_static",
 }
 # factory functions: their output lives where ``device=`` says (the host without it)
 _FACTORIES = {
@@ -50,7 +49,7 @@ _FROM_DATA = {"tensor", "as_tensor", "asarray"}
 
 @dataclass
 class SyncEvent:
-    kind: str  # "read", "copy" or "async_read"
+    kind: str  # "read", "copy", "async_read" or "async_copy"
     what: str  # the op or method
     ranges: tuple[str, ...]
     stack: str | None = None
@@ -61,6 +60,7 @@ class SyncCounts:
     reads: int = 0
     copies: int = 0
     async_reads: int = 0
+    async_copies: int = 0
 
     @property
     def total(self) -> int:
@@ -118,7 +118,7 @@ class SyncAudit:
 
     def _count(self, kind: str, what: str) -> None:
         where = self._stack[-1] if self._stack else ""
-        attr = {"read": "reads", "copy": "copies", "async_read": "async_reads"}[kind]
+        attr = {"read": "reads", "copy": "copies", "async_read": "async_reads", "async_copy": "async_copies"}[kind]
         for c in (self.total, self.counts.setdefault(where, SyncCounts())):
             setattr(c, attr, getattr(c, attr) + 1)
         stack = "".join(traceback.format_stack(limit=14)[:-3]) if self.record_stacks else None
@@ -151,7 +151,7 @@ class _FunctionMode(TorchFunctionMode):
                 if target == "host" and not audit.is_host(src):
                     audit._count("async_read" if kwargs.get("non_blocking") else "read", f"Tensor.{name}")
                 elif target == "device" and audit.is_host(src):
-                    audit._count("copy", f"Tensor.{name}")
+                    audit._count("async_copy" if kwargs.get("non_blocking") else "copy", f"Tensor.{name}")
             out = func(*args, **kwargs)
             if target is not None and isinstance(out, torch.Tensor):
                 audit._tag(out, host=target == "host")
@@ -159,7 +159,7 @@ class _FunctionMode(TorchFunctionMode):
         elif name == "copy_" and len(args) >= 2 and isinstance(args[1], torch.Tensor):
             dst, src = args[0], args[1]
             if audit.is_host(src) and not audit.is_host(dst):
-                audit._count("copy", "Tensor.copy_")
+                audit._count("async_copy" if kwargs.get("non_blocking") else "copy", "Tensor.copy_")
             elif audit.is_host(dst) and not audit.is_host(src):
                 audit._count("async_read" if kwargs.get("non_blocking") else "read", "Tensor.copy_")
             return func(*args, **kwargs)
