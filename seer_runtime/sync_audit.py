@@ -15,8 +15,9 @@ Counts are kept per range of ``seer_runtime.profiling.prange`` (the innermost op
 ``layers`` inside ``forward`` inside ``step``) and in total; ``events`` keeps what was counted
 with the range stack (``record_stacks=True`` adds the Python stack, to find the culprit).
 Non-blocking copies (``.to(..., non_blocking=True)``, from pinned memory) are counted apart
-as ``async_reads`` / ``async_copies``: the host does not wait for them. Pair it with ``seer_kernels.emulate_device()`` so that the kernels' public
-functions run as on a GPU (no host-side value checks) while their references compute.
+as ``async_reads`` / ``async_copies``: the host does not wait for them. Pair it with
+``seer_kernels.emulate_device()`` so that the kernels' public functions run as on a GPU (no
+host-side value checks) while their references compute.
 """
 
 from __future__ import annotations
