@@ -105,37 +105,41 @@ class RoutedExecution(DecodePolicy):
         return self._group[1]
 
     def _build_packed(self, run: DecodeRun, rows: list[int], route: Route) -> PackedGroup:
-        dev = run.device
+        """A group's packed layout, from host lengths alone (uploaded once per layout change)."""
         lens = [run.window[r] for r in rows]
         capacity = route.key.length if route.path == PATH_VARLEN else sum(lens)
         if run.prefix_cache:
-            return self._build_packed_cached(run, rows, lens)
+            return self._build_packed_cached(run, rows, lens, route, capacity)
         # no cache: each sequence is the request's real prompt tokens, then its window
         prompt = [run.prompt_lengths[r] for r in rows]
         seq = [p + n for p, n in zip(prompt, lens)]
-        starts = torch.tensor([0] + seq, device=dev).cumsum(0)
-        cu = starts.to(torch.int32)
+        starts = _exclusive_cumsum(seq)
         capacity = capacity + sum(prompt)
-        src = torch.full((capacity,), -1, dtype=torch.long, device=dev)
-        positions = torch.zeros(capacity, dtype=torch.long, device=dev)
-        prompt_rows, prompt_src, logit_rows, logit_dest = [], [], [], []
         lp = run.prompt_len
+        src = [-1] * capacity
+        position_src = [-1] * capacity
+        prompt_rows, prompt_src, logit_rows, logit_dest = [], [], [], []
         for g, (r, p, n) in enumerate(zip(rows, prompt, lens)):
-            s = int(starts[g])
-            pr = torch.arange(s, s + p, device=dev)
-            prompt_rows.append(pr)
-            prompt_src.append(torch.stack([torch.full_like(pr, r), torch.arange(lp - p, lp, device=dev)], 1))
-            wr = torch.arange(s + p, s + p + n, device=dev)
-            src[wr] = r * run.width + torch.arange(n, device=dev)
-            positions[s: s + p + n] = run.positions[r, lp - p: lp + n]
-            logit_rows.append(wr - run.logits_shift)  # Dream: window j reads the state at j - 1
-            logit_dest.append(torch.stack([torch.full_like(wr, g), torch.arange(n, device=dev)], 1))
+            s = starts[g]
+            for j in range(p):
+                prompt_rows.append(s + j)
+                prompt_src.append((r, lp - p + j))
+                position_src[s + j] = r * (lp + run.width) + lp - p + j
+            for j in range(n):
+                src[s + p + j] = r * run.width + j
+                position_src[s + p + j] = r * (lp + run.width) + lp + j
+                logit_rows.append(s + p + j - run.logits_shift)  # Dream: window j reads the state at j - 1
+                logit_dest.append((g, j))
+        up = run.device_tensor
+        flat = up(position_src)
+        positions = torch.where(flat >= 0, run.positions.reshape(-1)[flat.clamp(min=0)], 0)
+        cu = up(starts + [starts[-1] + seq[-1]], torch.int32)
         layout = PackedLayout(positions, cu, cu, max(seq), max(seq))
-        return PackedGroup(rows, layout, src, capacity, torch.cat(logit_rows), torch.cat(logit_dest),
-                           torch.cat(prompt_rows), torch.cat(prompt_src))
+        return PackedGroup(rows, layout, up(src), capacity, up(logit_rows), up(logit_dest),
+                           up(prompt_rows), up(prompt_src))
 
-    def _build_packed_cached(self, run: DecodeRun, rows: list[int], lens: list[int]) -> PackedGroup:
-        dev = run.device
+    def _build_packed_cached(self, run: DecodeRun, rows: list[int], lens: list[int], route: Route,
+                             capacity: int) -> PackedGroup:
         cfg = self.router.config
         index = run.row_index(rows)
         out = slice_repack(run.tokens, run.window.device_lengths(),
@@ -146,28 +150,26 @@ class RoutedExecution(DecodePolicy):
         ctrl = out.read()  # one small read per layout change; steps in between never sync
         if ctrl.path not in (PATH_VARLEN, PATH_EAGER):
             raise RuntimeError(f"slice_repack chose path {ctrl.path} where the router chose a packed path")
-        cap = ctrl.bucket if ctrl.path == PATH_VARLEN else ctrl.total
         cu_q = out.cu_seqlens[: len(rows) + 1].clone()
-        src = out.packed_src_index[:cap].clone()
-        positions = out.packed_positions[:cap].clone()
-        prefix_len = (run.prefix.key_mask[index].sum(1) if run.prefix.key_mask is not None
-                      else torch.full((len(rows),), run.prompt_len, device=dev)).tolist()
+        src = out.packed_src_index[:capacity].clone()
+        positions = out.packed_positions[:capacity].clone()
+        prefix_len = [run.prompt_lengths[r] for r in rows]  # the cached prefix holds each prompt's real positions
         seq_k = [p + n for p, n in zip(prefix_len, lens)]
-        cu_k = torch.tensor([0] + seq_k, device=dev).cumsum(0).to(torch.int32)
-        pref_start = torch.tensor([0] + prefix_len, device=dev).cumsum(0)
-        n_prefix = int(pref_start[-1])
+        q_start, k_start = _exclusive_cumsum(lens), _exclusive_cumsum(seq_k)
+        prefix_start = _exclusive_cumsum(prefix_len)
+        n_prefix = sum(prefix_len)
         key_index, logit_rows, logit_dest = [], [], []
         for g, (p, n) in enumerate(zip(prefix_len, lens)):
-            s = int(cu_q[g])
-            key_index.append(torch.arange(int(pref_start[g]), int(pref_start[g]) + p, device=dev))
-            key_index.append(n_prefix + torch.arange(s, s + n, device=dev))
-            rows_g = torch.arange(s, s + n, device=dev)
-            if run.logits_shift:  # within the window: position 0 keeps its own state
-                rows_g = torch.cat([rows_g[:1], rows_g[:-1]])
-            logit_rows.append(rows_g)
-            logit_dest.append(torch.stack([torch.full((n,), g, device=dev), torch.arange(n, device=dev)], 1))
-        layout = PackedLayout(positions, cu_q, cu_k, max(lens), max(seq_k), torch.cat(key_index))
-        return PackedGroup(rows, layout, src, cap, torch.cat(logit_rows), torch.cat(logit_dest))
+            s = q_start[g]
+            key_index += list(range(prefix_start[g], prefix_start[g] + p))
+            key_index += [n_prefix + s + j for j in range(n)]
+            own = list(range(s, s + n))
+            logit_rows += ([own[0]] + own[:-1]) if run.logits_shift else own  # Dream: position 0 keeps its state
+            logit_dest += [(g, j) for j in range(n)]
+        up = run.device_tensor
+        cu_k = up(k_start + [k_start[-1] + seq_k[-1]], torch.int32)
+        layout = PackedLayout(positions, cu_q, cu_k, max(lens), max(seq_k), up(key_index))
+        return PackedGroup(rows, layout, src, capacity, up(logit_rows), up(logit_dest))
 
     def _forward_packed(self, run: DecodeRun, rows: list[int], step: int, route: Route) -> torch.Tensor:
         pg = self._packed_group(run, rows, route)
@@ -247,3 +249,11 @@ class RoutedExecution(DecodePolicy):
             run.tokens_per_request[r] += run.window[r] * run.num_layers
         run.stats.nfe += 1
         return logits.clone()
+
+
+def _exclusive_cumsum(values: list[int]) -> list[int]:
+    out, total = [], 0
+    for v in values:
+        out.append(total)
+        total += v
+    return out
