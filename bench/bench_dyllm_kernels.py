@@ -29,10 +29,10 @@ from bench.gpu_dyllm_kernels import dyllm_attention_inputs, peak_bandwidth, sali
 
 pytestmark = [pytest.mark.bench]
 
-# the modules, not the package attributes (those may be shadowed by the submodules)
-_cs = importlib.import_module("seer_kernels.saliency")
-_rg = importlib.import_module("seer_kernels.token_gather_scatter")
-_pa = importlib.import_module("seer_kernels.partial_attn")
+# the modules (the package attributes of the same names are the ops)
+_cs = importlib.import_module("seer_kernels.cosine_saliency")
+_rg = importlib.import_module("seer_kernels.row_gather_scatter")
+_pa = importlib.import_module("seer_kernels.partial_attention")
 
 # CPU shapes: 8 sequences of 256 tokens of a 1024-wide model; attention: 2 sequences, prompt
 # 192 + response 64, 8 heads of 64

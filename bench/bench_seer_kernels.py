@@ -35,9 +35,9 @@ from bench.gpu_seer_kernels import (
 
 pytestmark = [pytest.mark.bench]
 
-# the modules, not the package attributes (those may be shadowed by the submodules)
-_mlp = importlib.import_module("seer_kernels.sparsity_reduce")
-_snr = importlib.import_module("seer_kernels.boundary_scan")
+# the modules (the package attributes of the same names are the ops)
+_mlp = importlib.import_module("seer_kernels.mlp_sparsity")
+_snr = importlib.import_module("seer_kernels.snr_boundary")
 
 # CPU shapes: a batch of 4 windows of 128 tokens over a 2048-wide MLP (a small model's size)
 R, T, F = 4, 128, 2048

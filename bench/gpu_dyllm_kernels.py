@@ -155,11 +155,11 @@ def saliency_pair(N: int, D: int, frac: float, *, device="cpu", dtype=torch.floa
 
 
 def _ops():
-    # the modules, not the package attributes (those may be shadowed by the submodules)
+    # the modules (the package attributes of the same names are the ops)
     return (
-        importlib.import_module("seer_kernels.saliency"),
-        importlib.import_module("seer_kernels.token_gather_scatter"),
-        importlib.import_module("seer_kernels.partial_attn"),
+        importlib.import_module("seer_kernels.cosine_saliency"),
+        importlib.import_module("seer_kernels.row_gather_scatter"),
+        importlib.import_module("seer_kernels.partial_attention"),
     )
 
 
@@ -432,7 +432,7 @@ def _sdpa_dense(args: dict) -> Callable[[], object]:
 
 def _varlen_dense(args: dict) -> Callable[[], object] | None:
     try:
-        va = importlib.import_module("seer_kernels.varlen_attn")
+        va = importlib.import_module("seer_kernels.varlen_attention")
     except Exception:
         return None
     keys = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")

@@ -64,9 +64,9 @@ def planted_profiles(B: int, N: int, *, device, dtype, seed: int = 0) -> tuple[t
 
 
 def _ops():
-    # the modules, not the package attributes (those may be shadowed by the submodules)
-    mlp = importlib.import_module("seer_kernels.sparsity_reduce")
-    snr = importlib.import_module("seer_kernels.boundary_scan")
+    # the modules (the package attributes of the same names are the ops)
+    mlp = importlib.import_module("seer_kernels.mlp_sparsity")
+    snr = importlib.import_module("seer_kernels.snr_boundary")
     return mlp, snr
 
 

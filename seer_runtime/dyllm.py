@@ -630,7 +630,7 @@ class DyLLMPolicy:
             probs = torch.softmax(scores, dim=-1)
             out = torch.where(exact_pad[:, None, :, None], probs @ vp, cache + probs @ dvp)
             return out.transpose(1, 2)[fw.q_pad_mask].to(q.dtype)
-        from seer_kernels.partial_attn import key_corrected_update
+        from seer_kernels.partial_attention import key_corrected_update
 
         # A's keys laid out per request: [R, max_a] slots holding each one's column in the padded keys
         n_a = dv_key_rows.numel()

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import model_adapters as ma
 import seer_kernels
-from seer_kernels.partial_attn import KEY_CORRECTION_MAX_GAP_LOG2, KEY_CORRECTION_MAX_OLD_MASS
+from seer_kernels.partial_attention import KEY_CORRECTION_MAX_GAP_LOG2, KEY_CORRECTION_MAX_OLD_MASS
 from seer_runtime import DyLLMConfig, GenerationConfig, generate
 from seer_runtime.calibrate_dyllm import ATTENTION_MODES
 from seer_runtime.dyllm import DyLLMPolicy

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from seer_kernels import kernel_backend
-from seer_kernels.slice_repack_mask import (
+from seer_kernels.slice_repack import (
     CONTROL_SIZE,
     ERR_CAPACITY,
     ERR_KEEP_LEN,

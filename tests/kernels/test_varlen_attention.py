@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from seer_kernels import kernel_backend
-from seer_kernels.varlen_attn import (
+from seer_kernels.varlen_attention import (
     _varlen_attention_triton,
     varlen_attention,
     varlen_attention_reference,
