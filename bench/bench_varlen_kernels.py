@@ -20,7 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from seer_kernels import _dispatch
-from seer_kernels.slice_repack import slice_repack_buffers, slice_repack_reference
+from seer_kernels.slice_repack import slice_repack_reference
+from seer_kernels.slice_repack_control import slice_repack_buffers
 from seer_kernels.varlen_attention import varlen_attention, varlen_attention_reference
 
 pytestmark = pytest.mark.bench

@@ -66,7 +66,8 @@ def _varlen_correctness(quick: bool) -> list[dict]:
 
 def _slice_repack_correctness(quick: bool) -> list[dict]:
     from seer_kernels import kernel_backend
-    from seer_kernels.slice_repack import PATH_NAMES, slice_repack, slice_repack_buffers
+    from seer_kernels.slice_repack import slice_repack
+    from seer_kernels.slice_repack_control import PATH_NAMES, slice_repack_buffers
 
     batch, seq_len, dim = 64, 256, 4096 if not quick else 512
     tables = dict(
@@ -156,7 +157,8 @@ def _llada_lengths(batch: int, seed: int) -> tuple[list[int], list[int]]:
 def _timings(quick: bool) -> list[dict]:
     from triton.testing import do_bench
 
-    from seer_kernels.slice_repack import slice_repack, slice_repack_buffers
+    from seer_kernels.slice_repack import slice_repack
+    from seer_kernels.slice_repack_control import slice_repack_buffers
     from seer_kernels.varlen_attention import varlen_attention
 
     rep = 20 if quick else 100

@@ -8,7 +8,8 @@ Public ops, one module per op family named after its op (see each for shapes, dt
 * :func:`varlen_attention` (``varlen_attention.py``) - bidirectional varlen attention,
   flash-attention argument order;
 * :func:`slice_repack` (``slice_repack.py``) - cut rows to ``L*``, pack or bucket-pad them,
-  rewrite positions and mask; :func:`slice_repack_decision` is its host routing rule;
+  rewrite positions and mask; its host routing rule :func:`slice_repack_decision`, control
+  word and buffers live in ``slice_repack_control.py``;
 * :func:`cosine_saliency` (``cosine_saliency.py``), :func:`gather_rows` /
   :func:`scatter_rows` (``row_gather_scatter.py``), :func:`partial_attention`
   (``partial_attention.py``) - DyLLM saliency selection and partial attention.
@@ -31,14 +32,8 @@ from .cosine_saliency import cosine_saliency, cosine_saliency_reference
 from .mlp_sparsity import mlp_sparsity, mlp_sparsity_reference, swiglu_sparsity, swiglu_sparsity_reference
 from .partial_attention import partial_attention, partial_attention_reference
 from .row_gather_scatter import gather_rows, gather_rows_reference, scatter_rows, scatter_rows_reference
-from .slice_repack import (
-    ControlValues,
-    SliceRepackOutput,
-    slice_repack,
-    slice_repack_buffers,
-    slice_repack_decision,
-    slice_repack_reference,
-)
+from .slice_repack import slice_repack, slice_repack_reference
+from .slice_repack_control import ControlValues, SliceRepackOutput, slice_repack_buffers, slice_repack_decision
 from .snr_boundary import snr_boundary, snr_boundary_reference
 from .varlen_attention import varlen_attention, varlen_attention_reference
 

@@ -4,23 +4,16 @@ Seer §1.5 ("device-resident latency shadowing"): once every row ``b`` of a padd
 batch knows how many leading positions it keeps (``keep_len[b] = L*_b``), one fused kernel
 
 a. decides the execution path of the group from ``keep_len`` and the router's bucket tables,
-   exactly by the rule below (all programs reach it redundantly and deterministically);
+   exactly by the padding-waste rule (all programs reach it redundantly and deterministically);
 b. writes the rows in the chosen layout: bucket-padded ``[batch bucket, B_G]`` for the static
    graph, or packed back to back for the varlen graph / eager path;
 c. writes ``cu_seqlens``, position ids, the key mask and the source index of every slot;
 d. writes a small control word that the host can poll (optionally copied to pinned memory).
 
-The rule (the router in ``seer_runtime/router.py`` implements the same one on the host; see
-:func:`slice_repack_decision`), for a group of ``G`` rows with lengths ``L*``:
-
-* ``T = sum L*``, ``Lmax = max L*``. ``T == 0`` -> ``EMPTY``.
-* ``B_G`` = the smallest micro-bucket ``>= Lmax``; none -> ``EAGER``.
-* ``G == 1`` or ``B_G <= eager_max_bucket`` -> ``EAGER``.
-* ``PWR = 1 - T / (G * B_G)``, evaluated in IEEE float64 exactly as written; ``PWR <= tau_pad``
-  and some batch bucket ``>= G`` -> ``STATIC`` with key (smallest batch bucket ``>= G``, ``B_G``).
-* otherwise ``VARLEN`` with ``P`` = the smallest packed bucket ``>= T``; none -> ``EAGER``.
-
-``EAGER`` uses the packed layout with no padding beyond ``T``.
+The rule is written out in ``slice_repack_control.py`` beside its host implementation
+:func:`~seer_kernels.slice_repack_control.slice_repack_decision` (which the router calls), with
+the control word, the buffers and the path codes; this file holds the kernel, its launcher, the
+torch reference and the public op.
 
 Kernel layout: a 1-D grid of programs; each program loads the group's lengths and the tables,
 takes the decision, derives every row's packed offset with ``tl.cumsum``, and then walks the
@@ -33,225 +26,35 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
 from . import _dispatch
+from .slice_repack_control import (
+    BUFFER_FIELDS,
+    CONTROL_SIZE,
+    ERR_CAPACITY,
+    ERR_KEEP_LEN,
+    ERR_ROW_IDS,
+    MAX_GROUP,
+    PATH_EAGER,
+    PATH_ERROR,
+    PATH_STATIC,
+    PATH_VARLEN,
+    ControlValues,
+    ControlWord,
+    SliceRepackOutput,
+    _decide,
+    slice_repack_buffers,
+)
 
-# path codes (the control word's first entry)
-PATH_ERROR = -1  # an input was out of range or a buffer too small: nothing but the control word was written
-PATH_EMPTY = 0
-PATH_STATIC = 1
-PATH_VARLEN = 2
-PATH_EAGER = 3
-PATH_NAMES = {
-    PATH_ERROR: "ERROR",
-    PATH_EMPTY: "EMPTY",
-    PATH_STATIC: "STATIC",
-    PATH_VARLEN: "VARLEN",
-    PATH_EAGER: "EAGER",
-}
-
-# control word layout: int32 [CONTROL_SIZE]
-CTRL_PATH = 0  # one of the PATH_* codes
-CTRL_BUCKET = 1  # B_G for STATIC, P for VARLEN, T for EAGER, 0 for EMPTY and ERROR
-CTRL_TOTAL = 2  # T = sum of the group's L*
-CTRL_MAX_LEN = 3  # Lmax
-CTRL_ERROR = 4  # bit flags, ERR_*; 0 when all is well
-CTRL_BATCH = 5  # rows of the chosen layout: the batch bucket for STATIC, G otherwise (0 for ERROR)
-CONTROL_SIZE = 6
-
-ERR_KEEP_LEN = 1  # some keep_len of the group outside [0, N]
-ERR_ROW_IDS = 2  # some row_ids outside [0, B)
-ERR_CAPACITY = 4  # the chosen layout does not fit the output buffers
-
-MAX_GROUP = 1024
 _BIG = tl.constexpr(1 << 40)  # "no bucket" sentinel; G * _BIG still fits in int64
 
 _INT_CONTAINER = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _ID_DTYPES = (torch.int64, torch.int32)
 _HIDDEN_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-class ControlValues(NamedTuple):
-    """The control word as host ints (see the ``CTRL_*`` indices)."""
-
-    path: int
-    bucket: int
-    total: int
-    max_len: int
-    error: int
-    batch_rows: int
-
-
-def decode_control(word: torch.Tensor | Sequence[int]) -> ControlValues:
-    """Turn a control word (a CPU tensor or a sequence of ``CONTROL_SIZE`` ints) into :class:`ControlValues`.
-
-    Reading a CUDA tensor here synchronises; poll through :class:`ControlWord` instead.
-    """
-    values = word.tolist() if isinstance(word, torch.Tensor) else list(word)
-    if len(values) != CONTROL_SIZE:
-        raise ValueError(f"a control word holds {CONTROL_SIZE} ints, got {len(values)}")
-    return ControlValues(*(int(x) for x in values))
-
-
-def describe_control_error(error: int) -> str:
-    """Human-readable text for the ``error`` bit flags of a control word."""
-    parts = []
-    if error & ERR_KEEP_LEN:
-        parts.append("some keep_len of the group is outside [0, N]")
-    if error & ERR_ROW_IDS:
-        parts.append("some row_ids entry is outside [0, B)")
-    if error & ERR_CAPACITY:
-        parts.append(
-            "the chosen layout does not fit the output buffers (out= too small for the bucket tables)"
-        )
-    return "; ".join(parts) or "no error"
-
-
-class ControlWord:
-    """Host handle on the control word of one :func:`slice_repack` call.
-
-    ``ready()`` never blocks (``torch.cuda.Event.query``). ``read()`` waits on this call's event
-    only (not the whole device) and returns :class:`ControlValues`; it raises ``ValueError`` when
-    the kernel flagged an error, unless ``raise_on_error=False``. With a pinned ``control_host``
-    the copy was enqueued right after the kernel, so ``read()`` costs no extra transfer; without
-    one, ``read()`` does a blocking device-to-host copy. On CPU the handle is ready at once.
-    """
-
-    def __init__(self, device_word: torch.Tensor, host_word: torch.Tensor | None, event) -> None:
-        self.device_word = device_word
-        self.host_word = host_word
-        self._event = event
-
-    def ready(self) -> bool:
-        return True if self._event is None else bool(self._event.query())
-
-    def read(self, *, raise_on_error: bool = True) -> ControlValues:
-        if self._event is not None:
-            self._event.synchronize()
-        source = self.host_word if self.host_word is not None else self.device_word
-        values = decode_control(source.cpu() if source.device.type != "cpu" else source)
-        if raise_on_error and values.error:
-            raise ValueError(
-                f"slice_repack flagged an error (code {values.error}): {describe_control_error(values.error)}"
-            )
-        return values
-
-
-@dataclass(frozen=True)
-class SliceRepackOutput:
-    """Fixed-capacity buffers written by :func:`slice_repack` (also its ``out=`` argument).
-
-    Padded layout (written for ``STATIC`` only, region ``[:batch_rows, :B_G]``):
-        padded_values ``[batch_cap, bucket_cap]`` (token ids) or ``[batch_cap, bucket_cap, D]``,
-        padded_positions int64, padded_mask bool (True = real token), padded_src_index int64
-        (``b * N + n`` of the source slot, -1 for padding), all ``[batch_cap, bucket_cap]``.
-    Packed layout (written for ``VARLEN`` over ``[:P]`` and ``EAGER`` over ``[:T]``):
-        packed_values ``[packed_cap]`` or ``[packed_cap, D]``, packed_positions int64,
-        packed_seq_index int32 (group row of each token, -1 in padding), packed_src_index int64.
-    cu_seqlens: int32 ``[cu_len]``, ``cu_len >= G + 1``: exclusive prefix sum of the group's
-        lengths, the last value repeated over the extra entries (zero-length padding rows).
-    control: int32 ``[CONTROL_SIZE]`` on the device (see ``CTRL_*``).
-    handle: the :class:`ControlWord` of the call that produced this output (None for bare buffers).
-    """
-
-    control: torch.Tensor
-    padded_values: torch.Tensor
-    padded_positions: torch.Tensor
-    padded_mask: torch.Tensor
-    padded_src_index: torch.Tensor
-    packed_values: torch.Tensor
-    packed_positions: torch.Tensor
-    packed_seq_index: torch.Tensor
-    packed_src_index: torch.Tensor
-    cu_seqlens: torch.Tensor
-    handle: ControlWord | None = field(default=None, compare=False)
-
-    def ready(self) -> bool:
-        """Whether the control word can be read without blocking."""
-        return self._handle().ready()
-
-    def read(self, *, raise_on_error: bool = True) -> ControlValues:
-        """The control word on the host (waits on this call's event only)."""
-        return self._handle().read(raise_on_error=raise_on_error)
-
-    def _handle(self) -> ControlWord:
-        if self.handle is None:
-            raise ValueError("these buffers were not produced by slice_repack (no control handle)")
-        return self.handle
-
-    @property
-    def batch_cap(self) -> int:
-        return self.padded_positions.shape[0]
-
-    @property
-    def bucket_cap(self) -> int:
-        return self.padded_positions.shape[1]
-
-    @property
-    def packed_cap(self) -> int:
-        return self.packed_positions.shape[0]
-
-
-_BUFFER_FIELDS = (
-    "control",
-    "padded_values",
-    "padded_positions",
-    "padded_mask",
-    "padded_src_index",
-    "packed_values",
-    "packed_positions",
-    "packed_seq_index",
-    "packed_src_index",
-    "cu_seqlens",
-)
-
-
-def slice_repack_buffers(
-    *,
-    batch_cap: int,
-    bucket_cap: int,
-    packed_cap: int,
-    cu_len: int,
-    dtype: torch.dtype,
-    device: torch.device | str,
-    hidden_dim: int | None = None,
-) -> SliceRepackOutput:
-    """Allocate (uninitialised) persistent buffers for ``slice_repack(..., out=...)``.
-
-    Size them from the router's tables: ``batch_cap >= max(batch_buckets)``,
-    ``bucket_cap >= max(micro_buckets)``, ``packed_cap >= max(max(packed_buckets), G * N)``
-    (``EAGER`` packs up to ``G * N`` tokens) and ``cu_len >= G + 1`` for the largest group.
-    ``hidden_dim=None`` for token ids ``[B, N]``, ``D`` for hidden states ``[B, N, D]``.
-    """
-    for name, value in (
-        ("batch_cap", batch_cap),
-        ("bucket_cap", bucket_cap),
-        ("packed_cap", packed_cap),
-        ("cu_len", cu_len),
-    ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name} must be an int >= 0, got {value!r}")
-    if cu_len < 1:
-        raise ValueError(f"cu_len must be >= 1 (G + 1), got {cu_len}")
-    tail = () if hidden_dim is None else (hidden_dim,)
-    return SliceRepackOutput(
-        control=torch.zeros(CONTROL_SIZE, dtype=torch.int32, device=device),
-        padded_values=torch.empty((batch_cap, bucket_cap, *tail), dtype=dtype, device=device),
-        padded_positions=torch.empty((batch_cap, bucket_cap), dtype=torch.int64, device=device),
-        padded_mask=torch.empty((batch_cap, bucket_cap), dtype=torch.bool, device=device),
-        padded_src_index=torch.empty((batch_cap, bucket_cap), dtype=torch.int64, device=device),
-        packed_values=torch.empty((packed_cap, *tail), dtype=dtype, device=device),
-        packed_positions=torch.empty(packed_cap, dtype=torch.int64, device=device),
-        packed_seq_index=torch.empty(packed_cap, dtype=torch.int32, device=device),
-        packed_src_index=torch.empty(packed_cap, dtype=torch.int64, device=device),
-        cu_seqlens=torch.empty(cu_len, dtype=torch.int32, device=device),
-    )
 
 
 @triton.jit
@@ -606,42 +409,6 @@ def _slice_repack_triton(
     )
 
 
-def slice_repack_decision(
-    keep_len: Sequence[int],
-    *,
-    micro_buckets: Sequence[int],
-    packed_buckets: Sequence[int],
-    batch_buckets: Sequence[int],
-    tau_pad: float = 0.2,
-    eager_max_bucket: int = 4,
-) -> ControlValues:
-    """The routing rule on the host, for one group with lengths ``keep_len`` (host ints).
-
-    Returns the control word the kernel writes for valid input (``error = 0``); capacity and
-    range checks are not part of the rule. The tables are sorted ascending.
-    """
-    lengths = [int(x) for x in keep_len]
-    group = len(lengths)
-    total = sum(lengths)
-    max_len = max(lengths, default=0)
-    if total == 0:
-        return ControlValues(PATH_EMPTY, 0, 0, max_len, 0, group)
-    micro = [m for m in micro_buckets if m >= max_len]
-    if not micro:
-        return ControlValues(PATH_EAGER, total, total, max_len, 0, group)
-    b_g = min(micro)
-    if group == 1 or b_g <= eager_max_bucket:
-        return ControlValues(PATH_EAGER, total, total, max_len, 0, group)
-    pwr = 1.0 - total / (group * b_g)
-    batch = [b for b in batch_buckets if b >= group]
-    if pwr <= tau_pad and batch:
-        return ControlValues(PATH_STATIC, b_g, total, max_len, 0, min(batch))
-    packed = [p for p in packed_buckets if p >= total]
-    if packed:
-        return ControlValues(PATH_VARLEN, min(packed), total, max_len, 0, group)
-    return ControlValues(PATH_EAGER, total, total, max_len, 0, group)
-
-
 def slice_repack_reference(
     values: torch.Tensor,
     keep_len: torch.Tensor,
@@ -680,14 +447,7 @@ def slice_repack_reference(
         t.tolist() if isinstance(t, torch.Tensor) else list(t)
         for t in (micro_buckets, packed_buckets, batch_buckets)
     ]
-    decision = slice_repack_decision(
-        lens,
-        micro_buckets=tables[0],
-        packed_buckets=tables[1],
-        batch_buckets=tables[2],
-        tau_pad=tau_pad,
-        eager_max_bucket=eager_max_bucket,
-    )
+    decision = _decide(lens, *tables, tau_pad, eager_max_bucket)
     path, bucket, total, max_len, _, batch_rows = decision
     if path == PATH_STATIC and (batch_rows > out.batch_cap or bucket > out.bucket_cap):
         error |= ERR_CAPACITY
@@ -1011,4 +771,4 @@ def slice_repack(
     elif control_host is not None:
         control_host.copy_(out.control)
     handle = ControlWord(out.control, control_host, event)
-    return SliceRepackOutput(*(getattr(out, f) for f in _BUFFER_FIELDS), handle=handle)
+    return SliceRepackOutput(*(getattr(out, f) for f in BUFFER_FIELDS), handle=handle)

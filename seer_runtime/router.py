@@ -16,7 +16,7 @@ rows into groups and decides, per group ``G`` (``|G|`` rows, total ``T = sum L*`
   has ``max batch bucket + 1`` entries, the last offset repeated over the padding rows, so the
   varlen graphs are keyed by ``P`` alone); no packed bucket ``>= T`` -> ``EAGER``.
 
-For one group this is exactly ``seer_kernels.slice_repack.slice_repack_decision`` (the
+For one group this is exactly ``seer_kernels.slice_repack_control.slice_repack_decision`` (the
 rule the fused kernel evaluates on the device); the tests check it on random inputs.
 
 Grouping (``RouterConfig.grouping``):
@@ -47,7 +47,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from seer_kernels.slice_repack import (
+from seer_kernels.slice_repack_control import (
     MAX_GROUP,
     PATH_EAGER,
     PATH_EMPTY,

@@ -27,8 +27,8 @@ OP_MODULES = {
     "scatter_rows": "row_gather_scatter",
     "partial_attention": "partial_attention",
 }
-# modules that are not an op family: the dispatch helpers
-SUPPORT_MODULES = {"_dispatch"}
+# modules that are not an op family: the dispatch helpers, slice_repack's host-side control types
+SUPPORT_MODULES = {"_dispatch", "slice_repack_control"}
 
 
 def test_every_module_is_an_op_family_or_support():

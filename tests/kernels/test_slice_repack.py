@@ -16,7 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from seer_kernels import kernel_backend
-from seer_kernels.slice_repack import (
+from seer_kernels.slice_repack import _slice_repack_triton, slice_repack, slice_repack_reference
+from seer_kernels.slice_repack_control import (
     CONTROL_SIZE,
     ERR_CAPACITY,
     ERR_KEEP_LEN,
@@ -27,12 +28,9 @@ from seer_kernels.slice_repack import (
     PATH_STATIC,
     PATH_VARLEN,
     SliceRepackOutput,
-    _slice_repack_triton,
     decode_control,
-    slice_repack,
     slice_repack_buffers,
     slice_repack_decision,
-    slice_repack_reference,
 )
 
 pytestmark = [pytest.mark.interpreter, pytest.mark.slice_repack]
@@ -433,6 +431,26 @@ def test_host_decision_matches_independent_rule(lens, micro, packed, batch, tau,
         eager_max_bucket=eager_max,
     )
     assert tuple(got) == rule(lens, micro, packed, batch, tau, eager_max)
+
+
+@pytest.mark.parametrize(
+    "over, error, match",
+    [
+        ({"keep_len": [1, -1]}, ValueError, "keep_len must be >= 0"),
+        ({"keep_len": [1.5]}, TypeError, "keep_len must hold ints"),
+        ({"keep_len": torch.tensor([1, 2])}, TypeError, "keep_len must be a sequence of host ints"),
+        ({"micro_buckets": [8, 4]}, ValueError, "micro_buckets must be sorted"),
+        ({"packed_buckets": [0, 4]}, ValueError, "packed_buckets entries must be positive"),
+        ({"batch_buckets": [True]}, TypeError, "batch_buckets must hold ints"),
+        ({"tau_pad": float("inf")}, TypeError, "tau_pad"),
+        ({"eager_max_bucket": -1}, ValueError, "eager_max_bucket"),
+    ],
+)
+def test_host_decision_rejects_bad_input(over, error, match):
+    kw = dict(keep_len=[3, 1], **TABLES)
+    kw.update(over)
+    with pytest.raises(error, match=match):
+        slice_repack_decision(kw.pop("keep_len"), **kw)
 
 
 # ---- errors: raised on the host when checked, flagged in the control word when not ----
