@@ -4,7 +4,9 @@ Seer §1.5 ("device-resident latency shadowing"): once every row ``b`` of a padd
 batch knows how many leading positions it keeps (``keep_len[b] = L*_b``), one fused kernel
 
 a. decides the execution path of the group from ``keep_len`` and the router's bucket tables,
-   exactly by the padding-waste rule (all programs reach it redundantly and deterministically);
+   exactly by the padding-waste rule (all programs reach it redundantly and deterministically),
+   or takes the layout the host already decided (``route=``) after checking that it holds the
+   group;
 b. writes the rows in the chosen layout: bucket-padded ``[batch bucket, B_G]`` for the static
    graph, or packed back to back for the varlen graph / eager path;
 c. writes ``cu_seqlens``, position ids, the key mask and the source index of every slot;
@@ -37,6 +39,7 @@ from .slice_repack_control import (
     CONTROL_SIZE,
     ERR_CAPACITY,
     ERR_KEEP_LEN,
+    ERR_ROUTE,
     ERR_ROW_IDS,
     MAX_GROUP,
     PATH_EAGER,
@@ -47,6 +50,7 @@ from .slice_repack_control import (
     ControlWord,
     SliceRepackOutput,
     _decide,
+    route_problem,
     slice_repack_buffers,
 )
 
@@ -103,6 +107,13 @@ def _smallest_at_least(TABLE, count, threshold, TB: tl.constexpr):
 
 
 @triton.jit
+def _is_entry(TABLE, count, value, TB: tl.constexpr):
+    """Whether ``value`` is an entry of a 1-D table of ``count`` entries."""
+    exists, smallest = _smallest_at_least(TABLE, count, value, TB)
+    return exists & (smallest == value)
+
+
+@triton.jit(do_not_specialize=["r_path", "r_bucket", "r_total", "r_max_len", "r_batch"])
 def _slice_repack_kernel(
     VALS,
     POS,
@@ -140,6 +151,11 @@ def _slice_repack_kernel(
     bucket_cap,
     packed_cap,
     cu_len,
+    r_path,
+    r_bucket,
+    r_total,
+    r_max_len,
+    r_batch,
     GB: tl.constexpr,
     MB: tl.constexpr,
     PB: tl.constexpr,
@@ -149,6 +165,7 @@ def _slice_repack_kernel(
     HAS_D: tl.constexpr,
     HAS_POS: tl.constexpr,
     HAS_ROW_IDS: tl.constexpr,
+    FORCED: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -168,23 +185,45 @@ def _slice_repack_kernel(
     max_len = tl.max(lens, 0)
     offsets = tl.cumsum(lens, 0) - lens  # exclusive prefix sum: each row's packed start
 
-    # --- the decision (see the module docstring); identical in every program ---
-    has_bg, b_g = _smallest_at_least(MICRO, n_micro, max_len, MB)
-    has_gb, g_b = _smallest_at_least(BATCHB, n_batch, G, BB)
-    has_p, p_len = _smallest_at_least(PACKED, n_packed, total, PB)
-    pwr = 1.0 - total.to(tl.float64) / tl.maximum(G * b_g, 1).to(tl.float64)  # G = 0 is EMPTY anyway
-    path = tl.where(has_p, 2, 3)  # VARLEN, else EAGER
-    path = tl.where((pwr <= tau_pad) & has_gb, 1, path)  # STATIC
-    path = tl.where((G == 1) | (b_g <= eager_max_bucket), 3, path)
-    path = tl.where(has_bg, path, 3)
-    path = tl.where(total == 0, 0, path)  # EMPTY
-    bucket = tl.where(path == 1, b_g, tl.where(path == 2, p_len, tl.where(path == 3, total, 0)))
-    batch_rows = tl.where(path == 1, g_b, G)
+    zero = total * 0  # int64 scalar: the scalar arguments below may arrive as constexprs
+    if FORCED:
+        # --- the layout the host decided (route=): written as given when it holds the group ---
+        path = zero + r_path
+        bucket = zero + r_bucket
+        batch_rows = zero + r_batch
+        # the checks of slice_repack_control.route_problem, on the measured T and Lmax
+        empty_ok = (total == 0) & (bucket == 0) & (batch_rows == G)
+        static_ok = (bucket >= max_len) & _is_entry(MICRO, n_micro, bucket, MB)
+        static_ok = static_ok & (batch_rows >= G) & _is_entry(BATCHB, n_batch, batch_rows, BB)
+        varlen_ok = (bucket >= total) & _is_entry(PACKED, n_packed, bucket, PB) & (batch_rows == G)
+        eager_ok = (bucket == total) & (batch_rows == G)
+        holds = tl.where(
+            path == 0,
+            empty_ok,
+            tl.where(path == 1, static_ok, tl.where(path == 2, varlen_ok, (path == 3) & eager_ok)),
+        )
+        bad_route = ~(holds & (total == r_total) & (max_len == r_max_len))
+    else:
+        # --- the decision (slice_repack_control's rule); identical in every program ---
+        has_bg, b_g = _smallest_at_least(MICRO, n_micro, max_len, MB)
+        has_gb, g_b = _smallest_at_least(BATCHB, n_batch, G, BB)
+        has_p, p_len = _smallest_at_least(PACKED, n_packed, total, PB)
+        pwr = 1.0 - total.to(tl.float64) / tl.maximum(G * b_g, 1).to(tl.float64)  # G = 0 is EMPTY anyway
+        path = tl.where(has_p, 2, 3)  # VARLEN, else EAGER
+        path = tl.where((pwr <= tau_pad) & has_gb, 1, path)  # STATIC
+        path = tl.where((G == 1) | (b_g <= eager_max_bucket), 3, path)
+        path = tl.where(has_bg, path, 3)
+        path = tl.where(total == 0, 0, path)  # EMPTY
+        bucket = tl.where(path == 1, b_g, tl.where(path == 2, p_len, tl.where(path == 3, total, 0)))
+        batch_rows = tl.where(path == 1, g_b, G)
+        bad_route = zero != zero  # False: no route to check
 
-    too_big = ((path == 1) & ((g_b > batch_cap) | (b_g > bucket_cap))) | (
+    too_big = ((path == 1) & ((batch_rows > batch_cap) | (bucket > bucket_cap))) | (
         ((path == 2) | (path == 3)) & (bucket > packed_cap)
     )
-    error = bad_len.to(tl.int32) * 1 + bad_row.to(tl.int32) * 2 + too_big.to(tl.int32) * 4
+    error = (
+        bad_len.to(tl.int32) * 1 + bad_row.to(tl.int32) * 2 + too_big.to(tl.int32) * 4 + bad_route.to(tl.int32) * 8
+    )
     path = tl.where(error != 0, -1, path)
     bucket = tl.where(error != 0, 0, bucket)
     batch_rows = tl.where(error != 0, 0, batch_rows)
@@ -204,9 +243,9 @@ def _slice_repack_kernel(
 
     offs = tl.arange(0, BLOCK_N)
     if path == 1:
-        # STATIC: the region [:g_b, :b_g] of the padded layout, one (row, column block) per item
-        col_blocks = tl.cdiv(b_g, BLOCK_N)
-        n_items = g_b * col_blocks
+        # STATIC: the region [:batch_rows, :bucket] of the padded layout, one (row, column block) per item
+        col_blocks = tl.cdiv(bucket, BLOCK_N)
+        n_items = batch_rows * col_blocks
         for it in range(0, tl.cdiv(n_items - pid, nprog)):
             item = pid + it * nprog
             r = item // col_blocks
@@ -215,7 +254,7 @@ def _slice_repack_kernel(
             len_r = tl.sum(tl.where(sel, lens, 0), 0)  # 0 for the padding rows r >= G
             src_row = tl.sum(tl.where(sel, rows, 0), 0)
             real = n < len_r
-            in_bucket = n < b_g
+            in_bucket = n < bucket
             dst = r.to(tl.int64) * bucket_cap + n
             _copy_value_tile(
                 VALS,
@@ -330,10 +369,13 @@ def _slice_repack_triton(
     eager_max_bucket,
     pad_value,
     out,
+    route=None,
     block_n=None,
     num_programs=None,
 ):
     """Launch the kernel (inputs validated, buffers allocated). ``block_n``/``num_programs`` are for tests."""
+    forced = route is not None
+    r = route if forced else (0, 0, 0, 0, 0, 0)
     batch, seq_len = values.shape[0], values.shape[1]
     has_d = values.dim() == 3
     hidden = values.shape[2] if has_d else 1
@@ -397,6 +439,11 @@ def _slice_repack_triton(
         out.bucket_cap,
         out.packed_cap,
         out.cu_seqlens.numel(),
+        int(r[0]),  # path
+        int(r[1]),  # bucket
+        int(r[2]),  # T
+        int(r[3]),  # Lmax
+        int(r[5]),  # batch rows
         GB=max(2, triton.next_power_of_2(group)),
         MB=max(2, triton.next_power_of_2(counts[0])),
         PB=max(2, triton.next_power_of_2(counts[1])),
@@ -406,6 +453,7 @@ def _slice_repack_triton(
         HAS_D=has_d,
         HAS_POS=positions is not None,
         HAS_ROW_IDS=row_ids is not None,
+        FORCED=forced,
     )
 
 
@@ -422,13 +470,15 @@ def slice_repack_reference(
     eager_max_bucket: int = 4,
     pad_value: int | float = 0,
     out: SliceRepackOutput,
+    route: ControlValues | None = None,
 ) -> ControlValues:
     """Torch reference: fills ``out`` exactly as the kernel does and returns the control values.
 
     Takes validated inputs and allocated buffers (the public :func:`slice_repack` does both).
     Reads ``keep_len``, ``row_ids`` and the tables on the host (a sync on CUDA): this is the
     spec and the CPU fallback. Out-of-range input is not raised here but flagged in the control
-    word, with nothing else written, exactly like the kernel.
+    word, with nothing else written, exactly like the kernel; so is a ``route`` that does not
+    hold the group (``ERR_ROUTE``).
     """
     batch, seq_len = values.shape[0], values.shape[1]
     lens_all = keep_len.tolist()
@@ -447,7 +497,24 @@ def slice_repack_reference(
         t.tolist() if isinstance(t, torch.Tensor) else list(t)
         for t in (micro_buckets, packed_buckets, batch_buckets)
     ]
-    decision = _decide(lens, *tables, tau_pad, eager_max_bucket)
+    total, max_len = sum(lens), max(lens, default=0)
+    if route is None:
+        decision = _decide(lens, *tables, tau_pad, eager_max_bucket)
+    else:
+        decision = ControlValues(route.path, route.bucket, total, max_len, 0, route.batch_rows)
+        problem = route_problem(
+            route.path,
+            route.bucket,
+            route.batch_rows,
+            group=len(rows),
+            total=total,
+            max_len=max_len,
+            micro_buckets=tables[0],
+            packed_buckets=tables[1],
+            batch_buckets=tables[2],
+        )
+        if problem is not None or (route.total, route.max_len) != (total, max_len):
+            error |= ERR_ROUTE
     path, bucket, total, max_len, _, batch_rows = decision
     if path == PATH_STATIC and (batch_rows > out.batch_cap or bucket > out.bucket_cap):
         error |= ERR_CAPACITY
@@ -589,6 +656,41 @@ def _check_out(out: SliceRepackOutput, values: torch.Tensor, group: int) -> None
         )
 
 
+def _check_route(
+    route: object,
+    group: int,
+    seq_len: int,
+    micro: list[int] | None,
+    packed: list[int] | None,
+    batch: list[int] | None,
+) -> None:
+    """Host checks of a forced route that need no device read (tables None: on a GPU, unchecked)."""
+    if not isinstance(route, ControlValues):
+        raise TypeError(f"route must be a ControlValues (see slice_repack_decision), got {type(route).__name__}")
+    if any(isinstance(x, bool) or not isinstance(x, int) for x in route):
+        raise TypeError(f"route must hold ints, got {route!r}")
+    if route.error != 0:
+        raise ValueError(f"route must have error = 0 (a decision, not a flagged control word), got {route!r}")
+    total, max_len = route.total, route.max_len
+    if not (0 <= max_len <= seq_len and max_len <= total <= group * max_len):
+        raise ValueError(
+            f"route's T = {total} and Lmax = {max_len} are not those of {group} rows of at most N = {seq_len}"
+        )
+    problem = route_problem(
+        route.path,
+        route.bucket,
+        route.batch_rows,
+        group=group,
+        total=total,
+        max_len=max_len,
+        micro_buckets=micro,
+        packed_buckets=packed,
+        batch_buckets=batch,
+    )
+    if problem is not None:
+        raise ValueError(f"route {tuple(route)} is not a layout for this group: {problem}")
+
+
 def slice_repack(
     values: torch.Tensor,
     keep_len: torch.Tensor,
@@ -604,6 +706,7 @@ def slice_repack(
     control_host: torch.Tensor | None = None,
     out: SliceRepackOutput | None = None,
     check: bool | None = None,
+    route: ControlValues | None = None,
 ) -> SliceRepackOutput:
     """Cut each row of a group to its ``L*``, route the group and write it in the chosen layout.
 
@@ -630,6 +733,18 @@ def slice_repack(
             Default ``None`` checks when the tensors are on the CPU; on CUDA ``True`` costs a sync.
             Unchecked bad input is never clamped: the kernel flags it in the control word's
             ``error`` entry (``ERR_*`` bits), sets the path to ``PATH_ERROR`` and writes nothing else.
+        route: the layout already decided on the host, normally
+            ``slice_repack_decision(host lengths, <the same tables>)``: the kernel (and the
+            reference) then write exactly ``(route.path, route.bucket, route.batch_rows)``
+            instead of deciding again, and the control word reports it. ``route.total`` and
+            ``route.max_len`` are the ``T`` and ``Lmax`` it was decided for and ``error`` is 0.
+            What is checkable without a sync raises ``ValueError`` naming ``route``: the path
+            code, the fields' ranges, the layout against host tables
+            (:func:`~seer_kernels.slice_repack_control.route_problem`) and against ``out``'s
+            capacity, and with ``check`` its ``T``/``Lmax`` against ``keep_len``. On the device,
+            a route whose ``T``/``Lmax`` differ from the group's or whose layout does not hold
+            the group (bucket below ``T`` or ``Lmax``, not in its table, batch rows below ``G``)
+            is flagged ``ERR_ROUTE``.
 
     Returns:
         :class:`SliceRepackOutput`: the buffers (``out``'s own tensors when given) and the control
@@ -701,6 +816,9 @@ def slice_repack(
                 "control_host must be pinned (torch.empty(..., pin_memory=True)) for a non-blocking copy"
             )
 
+    if route is not None:
+        _check_route(route, group, seq_len, micro_host, packed_host, batch_host)
+
     if check is None:
         check = device.type == "cpu"
     if check:
@@ -712,6 +830,12 @@ def slice_repack(
         bad = [(r, lens[r]) for r in rows if not 0 <= lens[r] <= seq_len]
         if bad:
             raise ValueError(f"keep_len must lie in [0, N = {seq_len}], got (row, L*) {bad[:8]}")
+        group_lens = [lens[r] for r in rows]
+        if route is not None and (route.total, route.max_len) != (sum(group_lens), max(group_lens, default=0)):
+            raise ValueError(
+                f"route was decided for T = {route.total}, Lmax = {route.max_len}, but the group has "
+                f"T = {sum(group_lens)}, Lmax = {max(group_lens, default=0)}"
+            )
 
     if out is None:
         if None in (micro_host, packed_host, batch_host):
@@ -722,10 +846,13 @@ def slice_repack(
         most = group * seq_len
         packed_fit = [p for p in packed_host if p >= most]
         batch_fit = [b for b in batch_host if b >= group]
+        # a forced route may pick a larger batch bucket or packed bucket than the rule would
+        forced_rows = route.batch_rows if route is not None and route.path == PATH_STATIC else 0
+        forced_packed = route.bucket if route is not None and route.path == PATH_VARLEN else 0
         out = slice_repack_buffers(
-            batch_cap=min(batch_fit) if batch_fit else 0,
+            batch_cap=max(min(batch_fit) if batch_fit else 0, forced_rows),
             bucket_cap=max(micro_host, default=0),
-            packed_cap=max(most, min(packed_fit) if packed_fit else max(packed_host, default=0)),
+            packed_cap=max(most, min(packed_fit) if packed_fit else max(packed_host, default=0), forced_packed),
             cu_len=group + 1,
             dtype=values.dtype,
             device=device,
@@ -733,6 +860,14 @@ def slice_repack(
         )
     else:
         _check_out(out, values, group)
+    if route is not None:
+        if route.path == PATH_STATIC and (route.batch_rows > out.batch_cap or route.bucket > out.bucket_cap):
+            raise ValueError(
+                f"route STATIC [{route.batch_rows}, {route.bucket}] does not fit out's padded buffers "
+                f"[{out.batch_cap}, {out.bucket_cap}]"
+            )
+        if route.path in (PATH_VARLEN, PATH_EAGER) and route.bucket > out.packed_cap:
+            raise ValueError(f"route's bucket {route.bucket} does not fit out's {out.packed_cap} packed slots")
 
     if _dispatch.use_triton(values):
         _slice_repack_triton(
@@ -747,6 +882,7 @@ def slice_repack(
             eager_max_bucket=eager_max_bucket,
             pad_value=pad_value,
             out=out,
+            route=route,
         )
     else:
         slice_repack_reference(
@@ -761,6 +897,7 @@ def slice_repack(
             eager_max_bucket=eager_max_bucket,
             pad_value=pad_value,
             out=out,
+            route=route,
         )
     event = None
     if device.type == "cuda":

@@ -54,6 +54,7 @@ CONTROL_SIZE = 6
 ERR_KEEP_LEN = 1  # some keep_len of the group outside [0, N]
 ERR_ROW_IDS = 2  # some row_ids outside [0, B)
 ERR_CAPACITY = 4  # the chosen layout does not fit the output buffers
+ERR_ROUTE = 8  # a forced route (slice_repack(route=...)) does not hold the group (see route_problem)
 
 MAX_GROUP = 1024  # rows of one slice_repack group (the kernel holds the group in one tile)
 
@@ -95,6 +96,11 @@ def describe_control_error(error: int) -> str:
     if error & ERR_CAPACITY:
         parts.append(
             "the chosen layout does not fit the output buffers (out= too small for the bucket tables)"
+        )
+    if error & ERR_ROUTE:
+        parts.append(
+            "the forced route does not hold the group (its T or Lmax differ from the group's, "
+            "or its bucket or batch rows are not a layout that holds them)"
         )
     return "; ".join(parts) or "no error"
 
@@ -184,6 +190,54 @@ def _decide(
     if p is not None:
         return ControlValues(PATH_VARLEN, p, total, max_len, 0, group)
     return eager
+
+
+def route_problem(
+    path: int,
+    bucket: int,
+    batch_rows: int,
+    *,
+    group: int,
+    total: int,
+    max_len: int,
+    micro_buckets: Sequence[int] | None,
+    packed_buckets: Sequence[int] | None,
+    batch_buckets: Sequence[int] | None,
+) -> str | None:
+    """Why the layout ``(path, bucket, batch_rows)`` cannot hold a group of ``group`` rows with
+    ``T = total`` and ``Lmax = max_len``, or None when it can. A table given as None is not checked.
+
+    Valid layouts: ``EMPTY`` ``(0, G)`` when ``T == 0``; ``STATIC`` ``(B_G, batch)`` with ``B_G`` a
+    micro-bucket ``>= Lmax`` and ``batch`` a batch bucket ``>= G``; ``VARLEN`` ``(P, G)`` with
+    ``P`` a packed bucket ``>= T``; ``EAGER`` ``(T, G)``. The kernel checks the same on the device.
+    """
+    if path == PATH_EMPTY:
+        if total != 0 or bucket != 0 or batch_rows != group:
+            return f"EMPTY needs T = 0, bucket 0 and batch_rows = G = {group}"
+    elif path == PATH_STATIC:
+        if bucket < max_len:
+            return f"the STATIC bucket B_G = {bucket} is below Lmax = {max_len}"
+        if micro_buckets is not None and bucket not in micro_buckets:
+            return f"the STATIC bucket B_G = {bucket} is not in micro_buckets {list(micro_buckets)}"
+        if batch_rows < group:
+            return f"the STATIC batch_rows = {batch_rows} are fewer than the group's G = {group} rows"
+        if batch_buckets is not None and batch_rows not in batch_buckets:
+            return f"the STATIC batch_rows = {batch_rows} is not in batch_buckets {list(batch_buckets)}"
+    elif path == PATH_VARLEN:
+        if bucket < total:
+            return f"the VARLEN bucket P = {bucket} is below T = {total}"
+        if packed_buckets is not None and bucket not in packed_buckets:
+            return f"the VARLEN bucket P = {bucket} is not in packed_buckets {list(packed_buckets)}"
+        if batch_rows != group:
+            return f"VARLEN needs batch_rows = G = {group}, got {batch_rows}"
+    elif path == PATH_EAGER:
+        if bucket != total:
+            return f"the EAGER bucket must be T = {total}, got {bucket}"
+        if batch_rows != group:
+            return f"EAGER needs batch_rows = G = {group}, got {batch_rows}"
+    else:
+        return f"path must be one of PATH_EMPTY/STATIC/VARLEN/EAGER (0..3), got {path}"
+    return None
 
 
 class ControlWord:
