@@ -86,9 +86,9 @@ configuration that keeps the accuracy within a tolerance; the embedded model shi
 choice (``model_adapters/embedded/dyllm_config.json``).
 
 Where the sparse step's attention runs: through ``seer_kernels.partial_attention`` (or
-``varlen_attention`` for exact attention) wherever ``seer_kernels.use_triton`` says (CUDA, the
-interpreter); otherwise as one padded torch computation over all requests of the forward, the
-same math as the ops' references without their loop over requests.
+``varlen_attention`` for exact attention) on every device: the Triton kernels where
+``seer_kernels.use_triton`` says (CUDA, the interpreter), their torch references otherwise
+(``partial_attention_reference`` pads all requests of the forward at once).
 
 Choices where the papers are silent (ours, documented here):
 
@@ -266,20 +266,7 @@ class _Forward:
     gate: torch.Tensor | None = None  # int64 ascending packed query rows: the current gating set
     nq_r: torch.Tensor | None = None  # float64 [R] real fed rows per request
     nk_r: torch.Tensor | None = None  # float64 [R] keys per request
-    # the torch attention path: packed rows laid out padded per request
-    q_pad: torch.Tensor | None = None  # int64 [R, max_q] packed query row (0 where padding)
-    q_pad_mask: torch.Tensor | None = None  # bool [R, max_q]
-    k_pad: torch.Tensor | None = None  # int64 [R, max_k] packed key row (0 where padding)
-    k_pad_mask: torch.Tensor | None = None  # bool [R, max_k]
     record: dict = field(default_factory=dict)
-
-    def set_padded_maps(self, cu_q: torch.Tensor, cu_k: torch.Tensor) -> None:
-        """``q_pad``/``k_pad`` and their masks from the int64 prefix sums of each request's query
-        and key rows (``max_q``/``max_k`` set): row ``i`` of request ``r`` is packed row ``cu[r] + i``."""
-        aq, ak = torch.arange(self.max_q, device=cu_q.device), torch.arange(self.max_k, device=cu_k.device)
-        self.q_pad_mask, self.k_pad_mask = aq[None] < cu_q.diff()[:, None], ak[None] < cu_k.diff()[:, None]
-        self.q_pad = torch.where(self.q_pad_mask, cu_q[:-1, None] + aq[None], 0)
-        self.k_pad = torch.where(self.k_pad_mask, cu_k[:-1, None] + ak[None], 0)
 
 
 class DyLLMPolicy:
@@ -491,7 +478,6 @@ class DyLLMPolicy:
         fw.max_q, fw.max_k = int(nq_r.max()), int(nk_r.max())
         fw.tk = int(cu_k[-1])
         fw.nq_r, fw.nk_r = nq_r.double(), nk_r.double()
-        fw.set_padded_maps(cu_q, cu_k)  # the torch attention path's maps, once per forward
         fw.cos, fw.sin = self.model.rope(layout.positions.reshape(-1)[q_src])
         # layer 0's gating set: the positions committed since the request's previous forward
         if self.tau > 1:
@@ -520,7 +506,6 @@ class DyLLMPolicy:
             gather_rows,
             partial_attention,
             scatter_rows,
-            use_triton,
             varlen_attention,
         )
 
@@ -560,18 +545,11 @@ class DyLLMPolicy:
             exact = torch.zeros(tq, dtype=torch.bool, device=self.device)
             exact[gate] = True
             key_rows = fw.q_pk.index_select(0, gate)
-            if use_triton(q):
-                ctx = partial_attention(q, keys, values, ctx_old.view(tq, heads, d), dv, fw.cu_q, fw.cu_k,
-                                        fw.max_q, fw.max_k, exact, key_rows.to(torch.int32), n_a, k_old=k_old)
-            else:
-                ctx = self._dy_padded_attention(q, keys, values, fw, ctx_old.view(tq, heads, d), dv, key_rows, exact,
-                                                k_old=k_old)
+            ctx = partial_attention(q, keys, values, ctx_old.view(tq, heads, d), dv, fw.cu_q, fw.cu_k,
+                                    fw.max_q, fw.max_k, exact, key_rows.to(torch.int32), n_a, k_old=k_old)
         else:
             exact = torch.ones(tq, dtype=torch.bool, device=self.device)
-            if use_triton(q):
-                ctx = varlen_attention(q, keys, values, fw.cu_q, fw.cu_k, fw.max_q, fw.max_k)
-            else:
-                ctx = self._dy_padded_attention(q, keys, values, fw)
+            ctx = varlen_attention(q, keys, values, fw.cu_q, fw.cu_k, fw.max_q, fw.max_k)
         ctx = ctx.reshape(tq, heads * d)
         index, count, _ = cosine_saliency(ctx, ctx_old, self.tau)
         n_b = int(count)
@@ -588,80 +566,6 @@ class DyLLMPolicy:
         self._dy_account(fw, gate, sal, exact)
         fw.gate = sal
         return out
-
-    @staticmethod
-    def _dy_padded_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, fw: _Forward,
-                             ctx_cache: torch.Tensor | None = None, dv: torch.Tensor | None = None,
-                             dv_key_rows: torch.Tensor | None = None,
-                             exact: torch.Tensor | None = None, *,
-                             k_old: torch.Tensor | None = None) -> torch.Tensor:
-        """The sparse step's attention on the torch path, all requests of the forward at once.
-
-        q ``[Tq, H, d]`` packed queries; keys/values ``[Tk, Hk, d]`` packed per request. Without
-        ``ctx_cache``: exact attention for every row (one padded SDPA). With it (DyLLM's partial
-        attention, the math of ``seer_kernels.partial_attention_reference``): rows where
-        ``exact`` get ``P @ V``, the others ``ctx_cache + P[:, A] @ dV``, ``P`` the softmax over
-        all keys and ``dV [n_a, Hk, d]`` placed at the packed key rows ``dv_key_rows``; with
-        ``k_old [n_a, Hk, d]`` (the keys of those rows before the update) the others get the
-        key-corrected update of ``partial_attention(..., k_old=...)``, with its fallback to the
-        paper's update where the salient keys held most of the row's old attention. fp32, as the
-        kernels' references compute; the kernels themselves run where ``use_triton`` says.
-        """
-        qp = q.float()[fw.q_pad].transpose(1, 2)  # [R, H, max_q, d]
-        kp = keys.float()[fw.k_pad].transpose(1, 2)  # [R, Hk, max_k, d]
-        vp = values.float()[fw.k_pad].transpose(1, 2)
-        key_mask = fw.k_pad_mask[:, None, None, :]
-        if ctx_cache is None:
-            out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=key_mask, enable_gqa=kp.shape[1] != qp.shape[1])
-            return out.transpose(1, 2)[fw.q_pad_mask].to(q.dtype)
-        group = qp.shape[1] // kp.shape[1]
-        if group > 1:
-            kp, vp = kp.repeat_interleave(group, dim=1), vp.repeat_interleave(group, dim=1)
-        scale = qp.shape[-1] ** -0.5
-        scores = ((qp @ kp.transpose(-1, -2)) * scale).masked_fill(~key_mask, float("-inf"))
-        cache = ctx_cache.float()[fw.q_pad].transpose(1, 2)
-        exact_pad = exact[fw.q_pad] & fw.q_pad_mask
-        if k_old is None:
-            dv_full = keys.new_zeros(keys.shape, dtype=torch.float32)
-            dv_full.index_copy_(0, dv_key_rows, dv.float())
-            dvp = dv_full[fw.k_pad].transpose(1, 2)
-            if group > 1:
-                dvp = dvp.repeat_interleave(group, dim=1)
-            probs = torch.softmax(scores, dim=-1)
-            out = torch.where(exact_pad[:, None, :, None], probs @ vp, cache + probs @ dvp)
-            return out.transpose(1, 2)[fw.q_pad_mask].to(q.dtype)
-        from seer_kernels.partial_attention import key_corrected_update
-
-        # A's keys laid out per request: [R, max_a] slots holding each one's column in the padded keys
-        n_a = dv_key_rows.numel()
-        cu_k = fw.cu_k.long()
-        req = torch.searchsorted(cu_k[1:], dv_key_rows, right=True)  # ascending rows -> their request
-        counts = torch.bincount(req, minlength=qp.shape[0])
-        slot = torch.arange(n_a, device=q.device) - (counts.cumsum(0) - counts)[req]
-        max_a = int(counts.max()) if n_a else 0
-        col = torch.zeros(qp.shape[0], max_a, dtype=torch.long, device=q.device)
-        a_mask = torch.zeros(qp.shape[0], max_a, dtype=torch.bool, device=q.device)
-        col[req, slot] = dv_key_rows - cu_k[req]
-        a_mask[req, slot] = True
-
-        def per_request(rows: torch.Tensor) -> torch.Tensor:  # [n_a, Hk, d] -> [R, H, max_a, d]
-            out = rows.new_zeros((qp.shape[0], max_a, *rows.shape[1:]), dtype=torch.float32)
-            out[req, slot] = rows.float()
-            out = out.transpose(1, 2)
-            return out.repeat_interleave(group, dim=1) if group > 1 else out
-
-        k_old_a, dv_a = per_request(k_old), per_request(dv)
-        v_old_a = per_request(values.index_select(0, dv_key_rows)) - dv_a
-        # the old scores against the row's max new score; 1 / l (the new keys' sum of exp(s - max))
-        # is the largest probability, exp(0) / l
-        probs = torch.softmax(scores, dim=-1)
-        a_cols = ~a_mask[:, None, None, :]
-        p_new_a = probs.gather(-1, col[:, None, None, :].expand(*probs.shape[:3], max_a)).masked_fill(a_cols, 0.0)
-        gap = (qp @ k_old_a.transpose(-1, -2)) * scale - scores.amax(-1, keepdim=True)
-        approx = key_corrected_update(cache + p_new_a @ dv_a, cache, p_new_a, gap.masked_fill(a_cols, float("-inf")),
-                                      probs.amax(-1, keepdim=True), v_old_a)
-        out = torch.where(exact_pad[:, None, :, None], probs @ vp, approx)
-        return out.transpose(1, 2)[fw.q_pad_mask].to(q.dtype)
 
     # -- statistics ----------------------------------------------------------------------------
     def _dense_macs(self, rows: list[int]) -> float:
