@@ -551,10 +551,14 @@ def partial_attention_reference(
         p_new_a = (torch.exp((qp @ k_new_a.transpose(-1, -2)) * scale - m) * inv_l).masked_fill(empty_slots, 0.0)
         gap = ((qp @ k_old_a.transpose(-1, -2)) * scale - m).masked_fill(empty_slots, float("-inf"))
         approx = _key_corrected_update(approx, cache, p_new_a, gap, inv_l, per_sequence(v[kidx]) - dv_a)
-    sal = (salient_q_mask[q_rows] & q_valid)[:, None, :, None]
-    if bool(sal.any()):
-        approx = torch.where(sal, probs @ vp, approx)
-    out[q_rows[q_valid]] = approx.transpose(1, 2)[q_valid].to(out.dtype)
+    sal = salient_q_mask[q_rows] & q_valid
+    if bool((sal | ~q_valid).all()):  # every row exact: the update above is not needed
+        result = probs @ vp
+    elif bool(sal.any()):
+        result = torch.where(sal[:, None, :, None], probs @ vp, approx)
+    else:
+        result = approx
+    out[q_rows[q_valid]] = result.transpose(1, 2)[q_valid].to(out.dtype)
     return out
 
 
