@@ -769,16 +769,3 @@ def test_forced_route_beyond_out_capacity_raises():
     assert slice_repack(values, torch.tensor(_GROUP), **TABLES, route=route).read() == route
     varlen = ControlValues(PATH_VARLEN, 128, 31, 20, 0, 5)
     assert slice_repack(values, torch.tensor(_GROUP), **TABLES, route=varlen).read() == varlen
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("kind", ["ids64", "bf16"])
-def test_cuda_matches_reference(kind):
-    for name in SCENARIOS:
-        values, keep_len, extra, tables, expected = _scenario(name, kind)
-        values, keep_len = values.cuda(), keep_len.cuda()
-        extra = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in extra.items()}
-        host = torch.zeros(CONTROL_SIZE, dtype=torch.int32, pin_memory=True)
-        got = run_both(values, keep_len, tables=tables, control_host=host, **extra)
-        assert got.read().path == expected
