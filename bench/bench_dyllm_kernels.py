@@ -42,12 +42,12 @@ from bench.common import (
     benchmark_median,
     cosine_saliency_bytes,
     gather_rows_bytes,
-    guarded,
     interleaved_medians,
     partial_attention_flops,
     row,
     scatter_rows_bytes,
     tflops_note,
+    time_parts,
 )
 
 pytestmark = [pytest.mark.bench]
@@ -356,14 +356,8 @@ def _time_saliency_and_rows(t: Timing) -> list[dict]:
 
 def run(quick: bool = False, dry_run: bool = False) -> list[dict]:
     """Timing rows of the DyLLM ops on CUDA (see the module docstring); ``dry_run``: on CPU."""
-    from seer_kernels import interpreting
-
-    if not dry_run and not torch.cuda.is_available():
-        raise RuntimeError("bench_dyllm_kernels.run needs a CUDA device (or dry_run=True)")
-    if not dry_run and interpreting():
-        raise RuntimeError("TRITON_INTERPRET is set: the kernels would run in the interpreter")
-    t = Timing(quick=quick, dry_run=dry_run)
-    return guarded([_time_saliency_and_rows, _time_partial_attention], t)
+    parts = [_time_saliency_and_rows, _time_partial_attention]
+    return time_parts("bench_dyllm_kernels", parts, quick=quick, dry_run=dry_run)
 
 
 if __name__ == "__main__":

@@ -34,11 +34,11 @@ from bench.common import (
     Timing,
     bandwidth_note,
     benchmark_median,
-    guarded,
     mlp_sparsity_bytes,
     row,
     snr_boundary_bytes,
     swiglu_sparsity_bytes,
+    time_parts,
 )
 
 pytestmark = [pytest.mark.bench]
@@ -210,14 +210,7 @@ def _timings(t: Timing) -> list[dict]:
 
 def run(quick: bool = False, dry_run: bool = False) -> list[dict]:
     """Timing rows of the Seer probe ops on CUDA (see the module docstring); ``dry_run``: on CPU."""
-    from seer_kernels import interpreting
-
-    if not dry_run and not torch.cuda.is_available():
-        raise RuntimeError("bench_seer_kernels.run needs a CUDA device (or dry_run=True)")
-    if not dry_run and interpreting():
-        raise RuntimeError("TRITON_INTERPRET is set: the kernels would run in the interpreter")
-    t = Timing(quick=quick, dry_run=dry_run)
-    return guarded([_timings], t)
+    return time_parts("bench_seer_kernels", [_timings], quick=quick, dry_run=dry_run)
 
 
 if __name__ == "__main__":

@@ -26,11 +26,11 @@ import torch.nn.functional as F
 from bench.common import (
     Timing,
     bandwidth_note,
-    guarded,
     median_of_calls,
     row,
     slice_repack_bytes,
     tflops_note,
+    time_parts,
     varlen_attention_flops,
     varlen_ideal_ratio,
 )
@@ -80,6 +80,20 @@ def pad_for_sdpa(q, k, v, lq, lk):
     return qp, kp, vp, mask
 
 
+def _buffers(values: torch.Tensor, *, batch_cap: int, bucket_cap: int):
+    """slice_repack buffers for ``values`` [B, N] or [B, N, D]: any group of its rows fits the packed side."""
+    batch, seq_len = values.shape[:2]
+    return slice_repack_buffers(
+        batch_cap=batch_cap,
+        bucket_cap=bucket_cap,
+        packed_cap=batch * seq_len,
+        cu_len=batch + 1,
+        dtype=values.dtype,
+        device=values.device,
+        hidden_dim=values.shape[2] if values.dim() == 3 else None,
+    )
+
+
 # ------------------------------------------------------------------------------ CPU references
 
 
@@ -119,15 +133,7 @@ def test_slice_repack_reference_cpu(benchmark, kind):
         packed_buckets=[256, 512, 1024, 2048],
         batch_buckets=[1, 2, 4, 8, 16],
     )
-    out = slice_repack_buffers(
-        batch_cap=16,
-        bucket_cap=128,
-        packed_cap=batch * seq_len,
-        cu_len=batch + 1,
-        dtype=values.dtype,
-        device="cpu",
-        hidden_dim=None if kind == "ids" else dim,
-    )
+    out = _buffers(values, batch_cap=16, bucket_cap=128)
     control = benchmark(slice_repack_reference, values, keep, **tables, out=out)
     moved = 2 * int(keep.sum()) * values.element_size() * (1 if kind == "ids" else dim)
     print(
@@ -184,15 +190,7 @@ def _time_slice_repack(t: Timing) -> list[dict]:
     dtype = torch.bfloat16 if not t.dry_run else torch.float32
     hidden = torch.randn(batch, seq_len, dim, generator=g).to(dtype).to(t.device)
     keep = torch.tensor(lq, device=t.device)
-    buffers = slice_repack_buffers(
-        batch_cap=64,
-        bucket_cap=256,
-        packed_cap=batch * seq_len,
-        cu_len=batch + 1,
-        dtype=hidden.dtype,
-        device=t.device,
-        hidden_dim=dim,
-    )
+    buffers = _buffers(hidden, batch_cap=64, bucket_cap=256)
     device_tables = {name: torch.tensor(v, dtype=torch.int32, device=t.device) for name, v in tables.items()}
     ms = t.ms(lambda: slice_repack(hidden, keep, **device_tables, out=buffers))
     control = slice_repack(hidden, keep, **device_tables, out=buffers).read()
@@ -203,14 +201,8 @@ def _time_slice_repack(t: Timing) -> list[dict]:
 
 def run(quick: bool = False, dry_run: bool = False) -> list[dict]:
     """Timing rows of varlen_attention and slice_repack on CUDA; ``dry_run``: the same on CPU."""
-    from seer_kernels import interpreting
-
-    if not dry_run and not torch.cuda.is_available():
-        raise RuntimeError("bench_varlen_kernels.run needs a CUDA device (or dry_run=True)")
-    if not dry_run and interpreting():
-        raise RuntimeError("TRITON_INTERPRET is set: the kernels would run in the interpreter")
-    t = Timing(quick=quick, dry_run=dry_run)
-    return guarded([_time_varlen_attention, _time_slice_repack], t)
+    parts = [_time_varlen_attention, _time_slice_repack]
+    return time_parts("bench_varlen_kernels", parts, quick=quick, dry_run=dry_run)
 
 
 if __name__ == "__main__":

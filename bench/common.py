@@ -113,16 +113,24 @@ def row(check: str, ms: float | None, note: str = "", ok: bool | None = None) ->
     return {"check": check, "ok": ok, "ms": ms, "note": note}
 
 
-def guarded(parts: Iterable[Callable[[Timing], list[dict]]], timing: Timing) -> list[dict]:
-    """The rows of every ``part(timing)``; one that raises becomes a failed row (the others still run)."""
+def time_parts(name: str, parts: Iterable[Callable[[Timing], list[dict]]], *, quick: bool, dry_run: bool) -> list[dict]:
+    """A harness's ``run``: the rows of ``parts`` on CUDA, or on the CPU at tiny shapes when dry."""
+    import torch
+
+    from seer_kernels import interpreting
+
+    if not dry_run and not torch.cuda.is_available():
+        raise RuntimeError(f"{name} needs a CUDA device (or dry_run=True)")
+    if not dry_run and interpreting():
+        raise RuntimeError("TRITON_INTERPRET is set: the kernels would run in the interpreter")
+    timing = Timing(quick=quick, dry_run=dry_run)
     rows: list[dict] = []
-    for part in parts:
+    for part in parts:  # a part that raises becomes one failed row; the others still run
         try:
             rows.extend(part(timing))
         except Exception as exc:
             traceback.print_exc()
-            name = getattr(part, "__name__", repr(part))
-            rows.append(row(f"{name} crashed", None, repr(exc)[:200], ok=False))
+            rows.append(row(f"{part.__name__} crashed", None, repr(exc)[:200], ok=False))
         timing.empty_cache()
     return rows
 

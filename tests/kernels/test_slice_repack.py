@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from seer_kernels import kernel_backend
 from seer_kernels.slice_repack import _slice_repack_triton, slice_repack, slice_repack_reference
 from seer_kernels.slice_repack_control import (
+    BUFFER_FIELDS,
     CONTROL_SIZE,
     ERR_CAPACITY,
     ERR_KEEP_LEN,
@@ -108,18 +109,7 @@ def _caps(values, group, tables, **over):
 
 
 def _assert_same(a: SliceRepackOutput, b: SliceRepackOutput):
-    for name in (
-        "control",
-        "padded_values",
-        "padded_positions",
-        "padded_mask",
-        "padded_src_index",
-        "packed_values",
-        "packed_positions",
-        "packed_seq_index",
-        "packed_src_index",
-        "cu_seqlens",
-    ):
+    for name in BUFFER_FIELDS:
         x, y = getattr(a, name), getattr(b, name)
         assert torch.equal(_bits(x), _bits(y)), f"{name} differs:\n{x}\n{y}"
 
