@@ -514,52 +514,61 @@ def partial_attention_reference(
     no_keys = (len_k == 0)[:, None, None, None]
     if bool(no_keys.any()):  # the softmax over no key is NaN: exact rows 0, the others keep the cache
         probs = probs.masked_fill(no_keys, 0.0)
-    cache = ctx_cache[q_rows].to(cdt).transpose(1, 2)
+    sal = salient_q_mask[q_rows] & q_valid
+    if bool((sal | ~q_valid).all()):  # every row exact: no update to compute
+        result = probs @ vp
+    else:
+        cache = ctx_cache[q_rows].to(cdt).transpose(1, 2)
+        approx = _non_salient_rows(
+            qp, probs, scores, cache, k, v, delta_v, k_old, cu_k, salient_k_index, salient_k_count,
+            scale=scale, heads=heads, no_keys=no_keys,
+        )  # fmt: skip
+        result = torch.where(sal[:, None, :, None], probs @ vp, approx) if bool(sal.any()) else approx
+    out[q_rows[q_valid]] = result.transpose(1, 2)[q_valid].to(out.dtype)
+    return out
 
-    # each sequence's salient keys in slots [B, max_a]: col = the key's position in its sequence
+
+def _non_salient_rows(
+    qp, probs, scores, cache, k, v, delta_v, k_old, cu_k, salient_k_index, salient_k_count, *, scale, heads, no_keys
+) -> torch.Tensor:
+    """The reference's rows outside the salient set, ``[B, H, mq, d]``: the cache plus ``P`` at each
+    sequence's salient columns times ``dV`` (gathered into ``[B, max |A_b|]`` slots, 0 in empty
+    ones), key-corrected with ``k_old``. ``heads`` lays ``[B, L, Hk, d]`` out as ``[B, H, L, d]``."""
+    batch, n_heads, mq, _ = qp.shape
+    dev, cdt = qp.device, qp.dtype
     cap = salient_k_index.shape[0]
     n = int(salient_k_count.reshape(()).item()) if isinstance(salient_k_count, torch.Tensor) else int(salient_k_count)
-    n = min(max(n, 0), cap)
-    kidx = salient_k_index[:n].to(torch.int64)
+    kidx = salient_k_index[: min(max(n, 0), cap)].to(torch.int64)
     req = torch.searchsorted(cu_k[1:], kidx, right=True)  # ascending key rows -> their sequence
     live = torch.nonzero(req < batch).flatten()  # salient keys past the last sequence touch no row
     kidx, req = kidx[live], req[live]
     counts = torch.bincount(req, minlength=batch)
     slot = torch.arange(live.numel(), device=dev) - (counts.cumsum(0) - counts)[req]
     max_a = int(counts.max()) if live.numel() else 0
-    col = torch.zeros(batch, max_a, dtype=torch.int64, device=dev)
+    col = torch.zeros(batch, max_a, dtype=torch.int64, device=dev)  # each key's position in its sequence
     a_mask = torch.zeros(batch, max_a, dtype=torch.bool, device=dev)
     col[req, slot] = kidx - cu_k[req]
     a_mask[req, slot] = True
     empty_slots = ~a_mask[:, None, None, :]
 
-    def per_sequence(rows: torch.Tensor) -> torch.Tensor:  # [|A|, Hk, d] -> [B, H, max_a, d], 0 in empty slots
+    def per_sequence(rows: torch.Tensor) -> torch.Tensor:  # [|A|, Hk, d] -> [B, H, max_a, d]
         slots = rows.new_zeros((batch, max_a, *rows.shape[1:]), dtype=cdt)
         slots[req, slot] = rows.to(cdt)
         return heads(slots)
 
-    # the P @ V work the algorithm saves: non-salient rows use only A's columns of P
+    # the P @ V work the algorithm saves: only A's columns of P
     dv_a = per_sequence(delta_v[live])
-    p_a = probs.gather(-1, col[:, None, None, :].expand(batch, H, mq, max_a)).masked_fill(empty_slots, 0.0)
+    p_a = probs.gather(-1, col[:, None, None, :].expand(batch, n_heads, mq, max_a)).masked_fill(empty_slots, 0.0)
     approx = cache + p_a @ dv_a
-    if k_old is not None and max_a:
-        k_new_a, k_old_a = per_sequence(k[kidx]), per_sequence(k_old[live])
-        m = scores.amax(dim=-1, keepdim=True)
-        m = m.masked_fill(no_keys.expand_as(m), 0.0)  # -inf without keys (such a row has no salient key)
-        inv_l = (1.0 / torch.exp(scores - m).sum(dim=-1, keepdim=True)).masked_fill(no_keys, 0.0)
-        # new and old salient scores from matmuls of the same shape (equal keys give equal bits)
-        p_new_a = (torch.exp((qp @ k_new_a.transpose(-1, -2)) * scale - m) * inv_l).masked_fill(empty_slots, 0.0)
-        gap = ((qp @ k_old_a.transpose(-1, -2)) * scale - m).masked_fill(empty_slots, float("-inf"))
-        approx = _key_corrected_update(approx, cache, p_new_a, gap, inv_l, per_sequence(v[kidx]) - dv_a)
-    sal = salient_q_mask[q_rows] & q_valid
-    if bool((sal | ~q_valid).all()):  # every row exact: the update above is not needed
-        result = probs @ vp
-    elif bool(sal.any()):
-        result = torch.where(sal[:, None, :, None], probs @ vp, approx)
-    else:
-        result = approx
-    out[q_rows[q_valid]] = result.transpose(1, 2)[q_valid].to(out.dtype)
-    return out
+    if k_old is None or not max_a:
+        return approx
+    m = scores.amax(dim=-1, keepdim=True).masked_fill(no_keys, 0.0)  # -inf without keys (and no salient key)
+    inv_l = probs.amax(dim=-1, keepdim=True)  # exp(0) / l: one over the row's sum of exp(s - m)
+    # new and old salient scores from matmuls of the same shape (equal keys give equal bits)
+    k_new_a, k_old_a = per_sequence(k[kidx]), per_sequence(k_old[live])
+    p_new_a = (torch.exp((qp @ k_new_a.transpose(-1, -2)) * scale - m) * inv_l).masked_fill(empty_slots, 0.0)
+    gap = ((qp @ k_old_a.transpose(-1, -2)) * scale - m).masked_fill(empty_slots, float("-inf"))
+    return _key_corrected_update(approx, cache, p_new_a, gap, inv_l, per_sequence(v[kidx]) - dv_a)
 
 
 def _key_corrected_update(

@@ -733,18 +733,14 @@ def slice_repack(
             Default ``None`` checks when the tensors are on the CPU; on CUDA ``True`` costs a sync.
             Unchecked bad input is never clamped: the kernel flags it in the control word's
             ``error`` entry (``ERR_*`` bits), sets the path to ``PATH_ERROR`` and writes nothing else.
-        route: the layout already decided on the host, normally
-            ``slice_repack_decision(host lengths, <the same tables>)``: the kernel (and the
-            reference) then write exactly ``(route.path, route.bucket, route.batch_rows)``
-            instead of deciding again, and the control word reports it. ``route.total`` and
-            ``route.max_len`` are the ``T`` and ``Lmax`` it was decided for and ``error`` is 0.
-            What is checkable without a sync raises ``ValueError`` naming ``route``: the path
-            code, the fields' ranges, the layout against host tables
-            (:func:`~seer_kernels.slice_repack_control.route_problem`) and against ``out``'s
-            capacity, and with ``check`` its ``T``/``Lmax`` against ``keep_len``. On the device,
-            a route whose ``T``/``Lmax`` differ from the group's or whose layout does not hold
-            the group (bucket below ``T`` or ``Lmax``, not in its table, batch rows below ``G``)
-            is flagged ``ERR_ROUTE``.
+        route: the layout already decided on the host (normally ``slice_repack_decision`` of the
+            host lengths and the same tables): ``(path, bucket, batch_rows)`` is written as given
+            and reported in the control word; ``total``/``max_len`` are the ``T``/``Lmax`` it was
+            decided for, ``error`` is 0. What the host can check without a sync raises
+            ``ValueError`` naming ``route`` (path code, ranges, host tables, ``out``'s capacity,
+            and with ``check`` ``T``/``Lmax``); the kernel flags the rest as ``ERR_ROUTE`` (``T``
+            or ``Lmax`` differ, a bucket or batch rows that do not hold the group or are not in
+            their table; see ``slice_repack_control.route_problem``).
 
     Returns:
         :class:`SliceRepackOutput`: the buffers (``out``'s own tensors when given) and the control
