@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# One prepared GPU check (not run in CI): bf16 correctness of every kernel against its torch
-# reference, device-event timings at real-model shapes, and a short table printed last.
-# Builds nothing slow; meant to finish in a few minutes on one H100/H200.
-#   usage: bash bench/gpu_check.sh [--only FAMILY[,FAMILY...]] [--quick]
+# One prepared GPU check (not run in CI): the gpu-marked tests (bf16 correctness of every kernel
+# against its torch reference, `pytest -m gpu tests/kernels`), then the timing harnesses at
+# real-model shapes, rows printed as they come and a short table last. Fits one 10-minute
+# command on an H200. Needs the dev extras (pytest, hypothesis) for the tests.
+#   usage: bash bench/gpu_check.sh [--only FAMILY[,FAMILY...]] [--quick] [--dry-run]
+#   families: seer_kernels, dyllm_kernels, varlen_kernels, end_to_end
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 if [ -x .venv/bin/python ]; then PY=.venv/bin/python; fi
-if ! "$PY" -c "import seer_kernels" 2>/dev/null; then
-  "$PY" -m pip install -q -e . >/dev/null
+if ! "$PY" -c "import seer_kernels, pytest, hypothesis" 2>/dev/null; then
+  "$PY" -m pip install -q -e ".[dev]" >/dev/null || echo "gpu_check: could not install the dev extras" >&2
 fi
 unset TRITON_INTERPRET
 exec "$PY" -m bench.gpu_check "$@"

@@ -95,7 +95,7 @@ def attention(
 
     Padded: q [B, L, H, d], k/v [B, L, Hk, d], prefix_k/v [B, Lp, Hk, d] -> [B, L, H, d].
     Packed: q [T, H, d], k/v [T, Hk, d], prefix_k/v [Tp, Hk, d] packed -> [T, H, d], through
-    ``seer_kernels.varlen_attn`` (flash-attention's varlen convention).
+    ``seer_kernels.varlen_attention`` (flash-attention's varlen convention).
     """
     if isinstance(layout, PaddedLayout):
         if prefix_k is not None:

@@ -29,16 +29,8 @@ import math
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
-from seer_kernels import (
-    cosine_saliency,
-    gather_rows,
-    partial_attention,
-    scatter_rows,
-    use_triton,
-    varlen_attention,
-)
+from seer_kernels import cosine_saliency, gather_rows, partial_attention, scatter_rows, varlen_attention
 
 from .adapter import PackedLayout, PrefixKV, Taps
 from .config import StoredConfig
@@ -461,17 +453,11 @@ class SparseLayer:
             exact[gate] = True
             key_rows = plan.query_key.index_select(0, gate)
             cached = self._context_before.view(num_q, heads, d)
-            if use_triton(q):
-                ctx = partial_attention(q, keys, values, cached, dv, plan.cu_q, plan.cu_k, plan.max_q, plan.max_k,
-                                        exact, key_rows.to(torch.int32), n_a, k_old=k_old)
-            else:
-                ctx = _padded_attention(q, keys, values, plan, cached, dv, key_rows, exact, k_old=k_old)
+            ctx = partial_attention(q, keys, values, cached, dv, plan.cu_q, plan.cu_k, plan.max_q, plan.max_k,
+                                    exact, key_rows.to(torch.int32), n_a, k_old=k_old)
         else:
             exact = torch.ones(num_q, dtype=torch.bool, device=q.device)
-            if use_triton(q):
-                ctx = varlen_attention(q, keys, values, plan.cu_q, plan.cu_k, plan.max_q, plan.max_k)
-            else:
-                ctx = _padded_attention(q, keys, values, plan)
+            ctx = varlen_attention(q, keys, values, plan.cu_q, plan.cu_k, plan.max_q, plan.max_k)
         self._exact = exact
         return ctx
 
@@ -490,76 +476,3 @@ class SparseLayer:
         policy.account(plan, plan.gate, salient, self._exact)
         plan.gate = salient  # the salient set gates the next layer
         return ffn_cache.index_select(0, plan.query_cache)
-
-
-def _padded_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, plan: SparseForward,
-                      ctx_cache: torch.Tensor | None = None, dv: torch.Tensor | None = None,
-                      dv_key_rows: torch.Tensor | None = None, exact: torch.Tensor | None = None, *,
-                      k_old: torch.Tensor | None = None) -> torch.Tensor:
-    """The sparse step's attention on the torch path, all requests of the forward at once.
-
-    q ``[Tq, H, d]`` packed queries; keys/values ``[Tk, Hk, d]`` packed per request. Without
-    ``ctx_cache``: exact attention for every row (one padded SDPA). With it: rows where
-    ``exact`` get ``P @ V``, the others ``ctx_cache + P[:, A] @ dV`` (``dV [n_a, Hk, d]`` at the
-    packed key rows ``dv_key_rows``), key-corrected with ``k_old``; fp32.
-    """
-    from seer_kernels.partial_attn import key_corrected_update
-
-    max_q, max_k = plan.max_q, plan.max_k
-    cu_q, cu_k = plan.cu_q.long(), plan.cu_k.long()
-    aq, ak = torch.arange(max_q, device=q.device), torch.arange(max_k, device=q.device)
-    q_pad_mask, k_pad_mask = aq[None] < cu_q.diff()[:, None], ak[None] < cu_k.diff()[:, None]
-    q_pad = torch.where(q_pad_mask, cu_q[:-1, None] + aq[None], 0)
-    k_pad = torch.where(k_pad_mask, cu_k[:-1, None] + ak[None], 0)
-    qp = q.float()[q_pad].transpose(1, 2)  # [R, H, max_q, d]
-    kp = keys.float()[k_pad].transpose(1, 2)  # [R, Hk, max_k, d]
-    vp = values.float()[k_pad].transpose(1, 2)
-    key_mask = k_pad_mask[:, None, None, :]
-    if ctx_cache is None:
-        out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=key_mask, enable_gqa=kp.shape[1] != qp.shape[1])
-        return out.transpose(1, 2)[q_pad_mask].to(q.dtype)
-    group = qp.shape[1] // kp.shape[1]
-    if group > 1:
-        kp, vp = kp.repeat_interleave(group, dim=1), vp.repeat_interleave(group, dim=1)
-    scale = qp.shape[-1] ** -0.5
-    scores = ((qp @ kp.transpose(-1, -2)) * scale).masked_fill(~key_mask, float("-inf"))
-    cache = ctx_cache.float()[q_pad].transpose(1, 2)
-    exact_pad = exact[q_pad] & q_pad_mask
-    if k_old is None:
-        dv_full = keys.new_zeros(keys.shape, dtype=torch.float32)
-        dv_full.index_copy_(0, dv_key_rows, dv.float())
-        dvp = dv_full[k_pad].transpose(1, 2)
-        if group > 1:
-            dvp = dvp.repeat_interleave(group, dim=1)
-        probs = torch.softmax(scores, dim=-1)
-        out = torch.where(exact_pad[:, None, :, None], probs @ vp, cache + probs @ dvp)
-        return out.transpose(1, 2)[q_pad_mask].to(q.dtype)
-    # A's keys laid out per request: [R, max_a] slots holding each one's column in the padded keys
-    n_a = dv_key_rows.numel()
-    req = torch.searchsorted(cu_k[1:], dv_key_rows, right=True)  # ascending rows -> their request
-    counts = torch.bincount(req, minlength=qp.shape[0])
-    slot = torch.arange(n_a, device=q.device) - (counts.cumsum(0) - counts)[req]
-    max_a = int(counts.max()) if n_a else 0
-    col = torch.zeros(qp.shape[0], max_a, dtype=torch.long, device=q.device)
-    a_mask = torch.zeros(qp.shape[0], max_a, dtype=torch.bool, device=q.device)
-    col[req, slot] = dv_key_rows - cu_k[req]
-    a_mask[req, slot] = True
-
-    def per_request(rows: torch.Tensor) -> torch.Tensor:  # [n_a, Hk, d] -> [R, H, max_a, d]
-        out = rows.new_zeros((qp.shape[0], max_a, *rows.shape[1:]), dtype=torch.float32)
-        out[req, slot] = rows.float()
-        out = out.transpose(1, 2)
-        return out.repeat_interleave(group, dim=1) if group > 1 else out
-
-    k_old_a, dv_a = per_request(k_old), per_request(dv)
-    v_old_a = per_request(values.index_select(0, dv_key_rows)) - dv_a
-    # the old scores against the row's max new score; 1 / l (the new keys' sum of exp(s - max))
-    # is the largest probability, exp(0) / l
-    probs = torch.softmax(scores, dim=-1)
-    a_cols = ~a_mask[:, None, None, :]
-    p_new_a = probs.gather(-1, col[:, None, None, :].expand(*probs.shape[:3], max_a)).masked_fill(a_cols, 0.0)
-    gap = (qp @ k_old_a.transpose(-1, -2)) * scale - scores.amax(-1, keepdim=True)
-    approx = key_corrected_update(cache + p_new_a @ dv_a, cache, p_new_a, gap.masked_fill(a_cols, float("-inf")),
-                                  probs.amax(-1, keepdim=True), v_old_a)
-    out = torch.where(exact_pad[:, None, :, None], probs @ vp, approx)
-    return out.transpose(1, 2)[q_pad_mask].to(q.dtype)

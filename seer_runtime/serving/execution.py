@@ -25,13 +25,13 @@ from dataclasses import dataclass
 
 import torch
 
-from seer_kernels import slice_repack
+from seer_kernels import ControlValues, slice_repack
 
 from ..adapter import PackedLayout, PaddedLayout, PrefixKV
 from ..engine import DecodeRun, Forward
 from ..policy import DecodePolicy
 from .graph_cache import FILL_FIRST_TRUE, BufferSpec, GraphCache
-from .router import PATH_EAGER, PATH_STATIC, PATH_VARLEN, Route, Router, RouterConfig, RouterStats
+from .router import PATH_STATIC, PATH_VARLEN, Route, Router, RouterConfig, RouterStats
 
 
 @dataclass
@@ -142,14 +142,14 @@ class RoutedExecution(DecodePolicy):
                              capacity: int) -> PackedGroup:
         cfg = self.router.config
         index = run.row_index(rows)
+        # the fused kernel writes the layout the router decided (no second decision, nothing read back)
+        decided = ControlValues(route.path, capacity, sum(lens), max(lens), 0, len(rows))
         out = slice_repack(run.tokens, run.window.device_lengths(),
                            positions=run.positions[:, run.prompt_len: run.prompt_len + run.width].contiguous(),
                            row_ids=index.to(torch.int32), micro_buckets=cfg.micro_buckets,
                            packed_buckets=cfg.packed_buckets, batch_buckets=cfg.batch_buckets, tau_pad=cfg.tau_pad,
-                           eager_max_bucket=cfg.eager_max_bucket, pad_value=run.token_ids.pad)
-        ctrl = out.read()  # one small read per layout change; steps in between never sync
-        if ctrl.path not in (PATH_VARLEN, PATH_EAGER):
-            raise RuntimeError(f"slice_repack chose path {ctrl.path} where the router chose a packed path")
+                           eager_max_bucket=cfg.eager_max_bucket, pad_value=run.token_ids.pad, route=decided,
+                           check=False)
         cu_q = out.cu_seqlens[: len(rows) + 1].clone()
         src = out.packed_src_index[:capacity].clone()
         positions = out.packed_positions[:capacity].clone()

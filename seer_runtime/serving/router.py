@@ -3,7 +3,7 @@
 Where the router picks a path: :meth:`Router.route`. Each row ``b`` keeps ``L*_b`` response
 positions; the batch is one group ``G`` (``|G|`` rows, total ``T = sum L*``, longest ``Lmax``),
 and the rule is ``seer_kernels``' host implementation of the one the fused ``slice_repack``
-kernel evaluates (``slice_repack_decision``):
+kernel evaluates (``seer_kernels.slice_repack_control.slice_repack_decision``):
 
 * ``B_G`` = the smallest micro-bucket ``>= Lmax``; ``PWR = 1 - T / (|G| * B_G)`` (float64);
 * ``T == 0`` -> ``EMPTY``; no micro-bucket holds ``Lmax``, ``|G| == 1`` or
@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from seer_kernels.slice_repack_mask import (
+from seer_kernels.slice_repack_control import (
     MAX_GROUP,
     PATH_EAGER,
     PATH_EMPTY,

@@ -14,10 +14,10 @@ import torch.nn.functional as F
 
 import model_adapters as ma
 import seer_kernels
-from seer_kernels.partial_attn import KEY_CORRECTION_MAX_GAP_LOG2, KEY_CORRECTION_MAX_OLD_MASS
+from seer_kernels.partial_attention import KEY_CORRECTION_MAX_GAP_LOG2, KEY_CORRECTION_MAX_OLD_MASS
 from seer_runtime import DecodePolicy, DyLLMConfig, GenerationConfig, generate
 from seer_runtime.calibration.dyllm import ATTENTION_MODES
-from seer_runtime.dyllm import DyLLMPolicy, SparseForward, _padded_attention
+from seer_runtime.dyllm import DyLLMPolicy, SparseForward
 from seer_runtime.engine import DecodeRun
 from seer_runtime.evaluate import pad_left
 from seer_runtime.seer import SeerConfig, SeerPolicy
@@ -268,7 +268,7 @@ def test_sparse_layer_matches_a_per_request_oracle(kind, period, mode, monkeypat
                                        ("llada-8b-instruct", "paper"), ("dream-v0-instruct-7b", "exact")])
 def test_triton_kernels_in_the_interpreter_agree_with_the_references(kind, mode):
     """The Triton path of every DyLLM op (as on a GPU) with this policy's shapes, strides and index maps
-    (exact attention: the varlen kernel against the padded torch attention)."""
+    (exact attention: the varlen kernel against its reference)."""
     from seer_kernels import kernel_backend
 
     model = tiny(kind)
@@ -543,24 +543,20 @@ def test_bad_requests_name_the_argument():
         generate(model, ids, gen=GenerationConfig(gen_length=4), dyllm=DyLLMConfig(full_steps=1), policies=[AskMlp()])
 
 
-# ------------------------------------------------------------------------------------ torch attention path
-def _padded_forward(cu_q, cu_k):
-    cu_q, cu_k = torch.tensor(cu_q), torch.tensor(cu_k)
-    nq, nk = cu_q.diff(), cu_k.diff()
-    fw = SparseForward(rows=list(range(len(nq))), index=torch.arange(len(nq)), step=5, mode="response")
-    fw.cu_q, fw.cu_k = cu_q.to(torch.int32), cu_k.to(torch.int32)
-    fw.max_q, fw.max_k = int(nq.max()), int(nk.max())
-    return fw
-
-
+# ------------------------------------------------------------------------------------ attention on the CPU
+@pytest.mark.interpreter
+@pytest.mark.parametrize("key_correction", [False, True], ids=["paper", "partial"])
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (4, 2)])
 @pytest.mark.parametrize("salient", ["none", "all", "one", "some"])
-def test_padded_attention_equals_the_kernel_references(heads, kv_heads, salient):
-    """The torch path of the sparse step (all requests padded at once) against the ops' references,
-    on ragged requests (one with no query rows), GQA, and no / every / one / some salient rows."""
-    from seer_kernels import partial_attention_reference, varlen_attention_reference
+def test_cpu_attention_equals_the_kernels(heads, kv_heads, salient, key_correction):
+    """The sparse step's attention as the policy calls it (the public ops) on ragged requests (one
+    with no query rows), GQA, no / every / one / some salient rows: on the CPU (the references,
+    all requests at once) as through the Triton kernels (the interpreter, as on a GPU)."""
+    from seer_kernels import kernel_backend, partial_attention, varlen_attention
 
-    fw = _padded_forward([0, 3, 3, 10, 11], [0, 6, 9, 19, 21])
+    cu_q = torch.tensor([0, 3, 3, 10, 11], dtype=torch.int32)
+    cu_k = torch.tensor([0, 6, 9, 19, 21], dtype=torch.int32)
+    max_q, max_k = int(cu_q.diff().max()), int(cu_k.diff().max())
     tq, tk, d = 11, 21, 8
     g = torch.Generator().manual_seed(7)
     q, ctx = torch.randn(tq, heads, d, generator=g), torch.randn(tq, heads, d, generator=g)
@@ -569,14 +565,17 @@ def test_padded_attention_equals_the_kernel_references(heads, kv_heads, salient)
     gate = {"none": [], "all": list(range(tq)), "one": [4], "some": [0, 2, 5, 9, 10]}[salient]
     exact[gate] = True
     # each query row's own key: query i of request r is the last rows of its keys (prefix first)
-    own = torch.cat([fw.cu_k[r + 1] - (fw.cu_q[r + 1] - fw.cu_q[r]) + torch.arange(int(fw.cu_q[r + 1] - fw.cu_q[r]))
+    own = torch.cat([cu_k[r + 1] - (cu_q[r + 1] - cu_q[r]) + torch.arange(int(cu_q[r + 1] - cu_q[r]))
                      for r in range(4)]).long()
     key_rows = own[torch.tensor(gate, dtype=torch.long)]
     dv = torch.randn(len(gate), kv_heads, d, generator=g)
-    got = _padded_attention(q, k, v, fw, ctx, dv, key_rows, exact)
-    want = partial_attention_reference(q, k, v, ctx, dv, fw.cu_q, fw.cu_k, fw.max_q, fw.max_k, exact,
-                                       key_rows.to(torch.int32), len(gate))
+    k_old = k[key_rows] + torch.randn(len(gate), kv_heads, d, generator=g) if key_correction else None
+    args = (q, k, v, ctx, dv, cu_q, cu_k, max_q, max_k, exact, key_rows.to(torch.int32), len(gate))
+    got = partial_attention(*args, k_old=k_old)  # the reference_kernels fixture: the CPU path
+    with kernel_backend("triton"):
+        want = partial_attention(*args, k_old=k_old)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    got = _padded_attention(q, k, v, fw)
-    want = varlen_attention_reference(q, k, v, fw.cu_q, fw.cu_k, fw.max_q, fw.max_k)
+    got = varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k)
+    with kernel_backend("triton"):
+        want = varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -1,4 +1,4 @@
-"""seer_kernels.saliency: Triton (interpreter) against the torch reference and fp64 truth."""
+"""seer_kernels.cosine_saliency: Triton (interpreter) against the torch reference and fp64 truth."""
 
 from __future__ import annotations
 
@@ -10,10 +10,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from seer_kernels import kernel_backend
-
-# imported from the module, not the package: once the submodule is imported the package
-# attribute of the same name may be the module rather than the function
-from seer_kernels.saliency import _SIM_CONFIGS, INDEX_PAD, cosine_saliency, cosine_saliency_reference
+from seer_kernels.cosine_saliency import _SIM_CONFIGS, INDEX_PAD, cosine_saliency, cosine_saliency_reference
 from tests.tolerances import assert_within_baseline_error
 
 pytestmark = [pytest.mark.interpreter, pytest.mark.cosine_saliency]

@@ -1,4 +1,4 @@
-"""seer_kernels.sparsity_reduce / swiglu_sparsity: Triton (interpreter) against the torch reference,
+"""seer_kernels.mlp_sparsity / swiglu_sparsity: Triton (interpreter) against the torch reference,
 an independent count, and torch eager's SwiGLU."""
 
 from __future__ import annotations
@@ -14,10 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seer_kernels import interpreting, kernel_backend
-
-# imported from the module, not the package: once the submodule is imported, the package
-# attribute of the same name is the module rather than the function
-from seer_kernels.sparsity_reduce import (
+from seer_kernels.mlp_sparsity import (
     _block_sizes,
     _mlp_sparsity_triton,
     _swiglu_sparsity_triton,
@@ -94,7 +91,7 @@ def test_interpreter_is_on():
 
 def test_triton_path_does_not_call_the_reference(monkeypatch):
     # importlib, not "import ... as": that form may resolve to the package attribute (the function)
-    module = importlib.import_module("seer_kernels.sparsity_reduce")
+    module = importlib.import_module("seer_kernels.mlp_sparsity")
 
     def boom(*args, **kwargs):
         raise AssertionError("the reference ran on the triton backend")

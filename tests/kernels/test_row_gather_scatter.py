@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from seer_kernels import kernel_backend
-from seer_kernels.saliency import cosine_saliency
-from seer_kernels.token_gather_scatter import (
+from seer_kernels.cosine_saliency import cosine_saliency
+from seer_kernels.row_gather_scatter import (
     _CONFIGS,
     gather_rows,
     gather_rows_reference,

@@ -8,6 +8,7 @@ checked against an independent few-line reading of the rule below.
 from __future__ import annotations
 
 import math
+import random
 from bisect import bisect_left
 
 import pytest
@@ -16,23 +17,24 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from seer_kernels import kernel_backend
-from seer_kernels.slice_repack_mask import (
+from seer_kernels.slice_repack import _slice_repack_triton, slice_repack, slice_repack_reference
+from seer_kernels.slice_repack_control import (
+    BUFFER_FIELDS,
     CONTROL_SIZE,
     ERR_CAPACITY,
     ERR_KEEP_LEN,
+    ERR_ROUTE,
     ERR_ROW_IDS,
     PATH_EAGER,
     PATH_EMPTY,
     PATH_ERROR,
     PATH_STATIC,
     PATH_VARLEN,
+    ControlValues,
     SliceRepackOutput,
-    _slice_repack_triton,
     decode_control,
-    slice_repack,
     slice_repack_buffers,
     slice_repack_decision,
-    slice_repack_reference,
 )
 
 pytestmark = [pytest.mark.interpreter, pytest.mark.slice_repack]
@@ -107,18 +109,7 @@ def _caps(values, group, tables, **over):
 
 
 def _assert_same(a: SliceRepackOutput, b: SliceRepackOutput):
-    for name in (
-        "control",
-        "padded_values",
-        "padded_positions",
-        "padded_mask",
-        "padded_src_index",
-        "packed_values",
-        "packed_positions",
-        "packed_seq_index",
-        "packed_src_index",
-        "cu_seqlens",
-    ):
+    for name in BUFFER_FIELDS:
         x, y = getattr(a, name), getattr(b, name)
         assert torch.equal(_bits(x), _bits(y)), f"{name} differs:\n{x}\n{y}"
 
@@ -435,6 +426,26 @@ def test_host_decision_matches_independent_rule(lens, micro, packed, batch, tau,
     assert tuple(got) == rule(lens, micro, packed, batch, tau, eager_max)
 
 
+@pytest.mark.parametrize(
+    "over, error, match",
+    [
+        ({"keep_len": [1, -1]}, ValueError, "keep_len must be >= 0"),
+        ({"keep_len": [1.5]}, TypeError, "keep_len must hold ints"),
+        ({"keep_len": torch.tensor([1, 2])}, TypeError, "keep_len must be a sequence of host ints"),
+        ({"micro_buckets": [8, 4]}, ValueError, "micro_buckets must be sorted"),
+        ({"packed_buckets": [0, 4]}, ValueError, "packed_buckets entries must be positive"),
+        ({"batch_buckets": [True]}, TypeError, "batch_buckets must hold ints"),
+        ({"tau_pad": float("inf")}, TypeError, "tau_pad"),
+        ({"eager_max_bucket": -1}, ValueError, "eager_max_bucket"),
+    ],
+)
+def test_host_decision_rejects_bad_input(over, error, match):
+    kw = dict(keep_len=[3, 1], **TABLES)
+    kw.update(over)
+    with pytest.raises(error, match=match):
+        slice_repack_decision(kw.pop("keep_len"), **kw)
+
+
 # ---- errors: raised on the host when checked, flagged in the control word when not ----
 
 
@@ -572,14 +583,179 @@ def test_errors_name_the_argument(over, error, match):
         _bad_call(**over)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("kind", ["ids64", "bf16"])
-def test_cuda_matches_reference(kind):
-    for name in SCENARIOS:
-        values, keep_len, extra, tables, expected = _scenario(name, kind)
-        values, keep_len = values.cuda(), keep_len.cuda()
-        extra = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in extra.items()}
-        host = torch.zeros(CONTROL_SIZE, dtype=torch.int32, pin_memory=True)
-        got = run_both(values, keep_len, tables=tables, control_host=host, **extra)
-        assert got.read().path == expected
+# ---- a forced route (route=): the layout decided on the host, written as given ----
+
+
+def _group_lens(keep_len, row_ids):
+    rows = row_ids.tolist() if row_ids is not None else list(range(keep_len.numel()))
+    return [int(keep_len[r]) for r in rows]
+
+
+def _random_case(rng: random.Random, kind: str):
+    """Random values, lengths (0, short, full rows), tables and sometimes a row subset with repeats."""
+    batch = rng.randint(1, 7)
+    values = make_values(kind, batch, seed=rng.randint(0, 10**6))
+    keep_len = torch.tensor([rng.choice([0, rng.randint(1, 4), rng.randint(0, N), N]) for _ in range(batch)])
+    row_ids = None
+    if rng.random() < 0.4:
+        row_ids = torch.tensor([rng.randrange(batch) for _ in range(rng.randint(1, 6))], dtype=torch.int32)
+    tables = dict(
+        micro_buckets=sorted(rng.sample(range(1, 40), rng.randint(1, 4))),
+        packed_buckets=sorted(rng.sample(range(1, 160), rng.randint(1, 4))),
+        batch_buckets=sorted(rng.sample(range(1, 10), rng.randint(1, 4))),
+    )
+    extra = dict(tau_pad=rng.choice([0.0, 0.2, 0.5, 1.0]), eager_max_bucket=rng.choice([0, 4]))
+    return values, keep_len, row_ids, tables, extra
+
+
+@pytest.mark.parametrize("kind", ["ids64", "fp16", "fp32"])
+def test_forcing_the_rules_route_is_bitwise_the_unforced_output(kind):
+    rng = random.Random(f"forced-{kind}")
+    paths = set()
+    for _ in range(10):
+        values, keep_len, row_ids, tables, extra = _random_case(rng, kind)
+        group = row_ids.numel() if row_ids is not None else values.shape[0]
+        decision = slice_repack_decision(_group_lens(keep_len, row_ids), **tables, **extra)
+        paths.add(decision.path)
+        caps = _caps(values, group, tables)
+        unforced = run_both(values, keep_len, tables=tables, caps=caps, row_ids=row_ids, pad_value=1, **extra)
+        forced = run_both(
+            values, keep_len, tables=tables, caps=caps, row_ids=row_ids, pad_value=1, route=decision, **extra
+        )
+        _assert_same(forced, unforced)
+        assert forced.read() == decision
+    assert len(paths) >= 3, paths  # the seeds reach most paths
+
+
+def _valid_layouts(lens, tables):
+    """Every layout that holds the group: EMPTY (T = 0), STATIC x (B_G, batch), VARLEN x P, EAGER."""
+    g, t, lmax = len(lens), sum(lens), max(lens, default=0)
+    routes = [ControlValues(PATH_EAGER, t, t, lmax, 0, g)]
+    if t == 0:
+        routes.append(ControlValues(PATH_EMPTY, 0, 0, lmax, 0, g))
+    for b_g in tables["micro_buckets"]:
+        for rows in tables["batch_buckets"]:
+            if b_g >= lmax and rows >= g:
+                routes.append(ControlValues(PATH_STATIC, b_g, t, lmax, 0, rows))
+    routes += [ControlValues(PATH_VARLEN, p, t, lmax, 0, g) for p in tables["packed_buckets"] if p >= t]
+    return routes
+
+
+@pytest.mark.parametrize("kind", ["ids32", "fp16"])
+@pytest.mark.parametrize("lens", [[20, 0, 1, 7, 3], [16, 15, 14], [0, 0]], ids=["mixed", "near_full", "zeros"])
+def test_forcing_each_valid_layout_writes_that_layout(lens, kind):
+    values = make_values(kind, len(lens))
+    keep_len = torch.tensor(lens)
+    batch = len(lens)
+    positions = torch.arange(N).repeat(batch, 1) + 100 * torch.arange(batch)[:, None]
+    layouts = _valid_layouts(lens, TABLES)
+    assert {r.path for r in layouts} >= {PATH_STATIC, PATH_EAGER}
+    for route in layouts:
+        out = run_both(values, keep_len, positions=positions, pad_value=0, route=route)
+        assert out.read() == route
+        assert out.cu_seqlens.tolist() == [0, *torch.tensor(lens).cumsum(0).tolist()]
+        if route.path == PATH_EMPTY:
+            assert bool((out.packed_src_index == -9).all()) and bool(out.padded_mask.all())
+            continue
+        flat_vals, flat_pos = _scatter_back(out, route, values, positions)
+        keep = (torch.arange(N)[None, :] < keep_len[:, None]).reshape(-1)
+        assert torch.equal(_bits(flat_vals[keep]), _bits(values.reshape(batch * N, *values.shape[2:])[keep]))
+        assert torch.equal(flat_pos[keep], positions.reshape(-1)[keep])
+        if route.path == PATH_STATIC:  # the region [:batch_rows, :B_G] and nothing else
+            assert bool((out.padded_src_index[: route.batch_rows, : route.bucket] >= -1).all())
+            assert bool((out.padded_src_index[route.batch_rows :] == -9).all())
+            assert bool((out.padded_src_index[:, route.bucket :] == -9).all())
+            assert bool((out.packed_src_index == -9).all()), "the packed layout must be left alone"
+        else:  # the packed slots [:bucket] and nothing else
+            assert bool((out.packed_seq_index[: route.bucket] >= -1).all())
+            assert bool((out.packed_seq_index[route.bucket :] == -8).all())
+            assert bool(out.padded_mask.all()), "the padded layout must be left alone"
+
+
+# the group [20, 0, 1, 7, 3] under TABLES: G = 5, T = 31, Lmax = 20
+_GROUP = [20, 0, 1, 7, 3]
+_DEVICE_BAD_ROUTES = {
+    "varlen_bucket_below_total": (PATH_VARLEN, 16, 31, 20, 0, 5),
+    "varlen_bucket_not_in_table": (PATH_VARLEN, 40, 31, 20, 0, 5),
+    "varlen_batch_rows_not_g": (PATH_VARLEN, 32, 31, 20, 0, 8),
+    "static_bucket_below_lmax": (PATH_STATIC, 16, 31, 20, 0, 8),
+    "static_bucket_not_in_table": (PATH_STATIC, 24, 31, 20, 0, 8),
+    "static_batch_rows_below_g": (PATH_STATIC, 32, 31, 20, 0, 4),
+    "static_batch_rows_not_in_table": (PATH_STATIC, 32, 31, 20, 0, 6),
+    "eager_bucket_not_total": (PATH_EAGER, 32, 31, 20, 0, 5),
+    "empty_with_tokens": (PATH_EMPTY, 0, 31, 20, 0, 5),
+    "stale_total": (PATH_VARLEN, 32, 30, 20, 0, 5),
+    "stale_max_len": (PATH_STATIC, 32, 31, 19, 0, 8),
+    "bad_path_code": (5, 32, 31, 20, 0, 5),
+}
+
+
+@pytest.mark.parametrize("name", list(_DEVICE_BAD_ROUTES))
+def test_invalid_forced_route_is_flagged_by_kernel_and_reference(name):
+    """The kernel's own checks (host validation bypassed, as for tables or lengths on a GPU)."""
+    values = make_values("fp32", len(_GROUP))
+    keep_len = torch.tensor(_GROUP)
+    route = ControlValues(*_DEVICE_BAD_ROUTES[name])
+    caps = _caps(values, len(_GROUP), TABLES)
+    tensors = [torch.tensor(TABLES[k], dtype=torch.int32) for k in ("micro_buckets", "packed_buckets", "batch_buckets")]
+    common = dict(tau_pad=0.2, eager_max_bucket=4, pad_value=0, route=route)
+    got = _sentinel(values, **caps)
+    _slice_repack_triton(values, keep_len, None, None, *tensors, out=got, **common)
+    ref = _sentinel(values, **caps)
+    control = slice_repack_reference(values, keep_len, **TABLES, out=ref, **common)
+    _assert_same(got, ref)
+    assert tuple(control) == (PATH_ERROR, 0, 31, 20, ERR_ROUTE, 0)
+    assert bool((got.cu_seqlens == -3).all()) and bool((got.packed_src_index == -9).all())
+    assert bool(got.padded_mask.all()), "nothing but the control word is written"
+
+
+def test_route_decided_for_other_lengths_is_flagged_when_unchecked():
+    """The realistic device-side case: keep_len moved after the host decided (check=False)."""
+    values = make_values("ids64", len(_GROUP))
+    stale = slice_repack_decision([20, 0, 1, 7, 2], **TABLES)
+    out = run_both(values, torch.tensor(_GROUP), route=stale, check=False)
+    c = out.read(raise_on_error=False)
+    assert (c.path, c.error, c.total) == (PATH_ERROR, ERR_ROUTE, 31)
+    with pytest.raises(ValueError, match="forced route does not hold the group"):
+        out.read()
+    with pytest.raises(ValueError, match="route was decided for T = 30"):
+        slice_repack(values, torch.tensor(_GROUP), **TABLES, route=stale)
+
+
+@pytest.mark.parametrize(
+    "route, error, match",
+    [
+        ((PATH_VARLEN, 32, 31, 20, 0, 5), TypeError, "route must be a ControlValues"),
+        (ControlValues(PATH_VARLEN, 32.0, 31, 20, 0, 5), TypeError, "route must hold ints"),
+        (ControlValues(PATH_ERROR, 0, 31, 20, 0, 0), ValueError, "route .* path must be one of"),
+        (ControlValues(7, 32, 31, 20, 0, 5), ValueError, "route .* path must be one of"),
+        (ControlValues(PATH_VARLEN, 32, 31, 20, ERR_CAPACITY, 5), ValueError, "route must have error = 0"),
+        (ControlValues(PATH_VARLEN, 32, 31, 21, 0, 5), ValueError, "route's T = 31 and Lmax = 21"),
+        (ControlValues(PATH_VARLEN, 32, 120, 20, 0, 5), ValueError, "route's T = 120"),
+        (ControlValues(PATH_VARLEN, 16, 31, 20, 0, 5), ValueError, "route .* P = 16 is below T = 31"),
+        (ControlValues(PATH_VARLEN, 40, 31, 20, 0, 5), ValueError, "route .* P = 40 is not in packed_buckets"),
+        (ControlValues(PATH_VARLEN, 32, 31, 20, 0, 8), ValueError, "route .* VARLEN needs batch_rows = G = 5"),
+        (ControlValues(PATH_STATIC, 16, 31, 20, 0, 8), ValueError, "route .* B_G = 16 is below Lmax = 20"),
+        (ControlValues(PATH_STATIC, 24, 31, 20, 0, 8), ValueError, "route .* B_G = 24 is not in micro_buckets"),
+        (ControlValues(PATH_STATIC, 32, 31, 20, 0, 4), ValueError, "route .* batch_rows = 4 are fewer"),
+        (ControlValues(PATH_STATIC, 32, 31, 20, 0, 6), ValueError, "route .* batch_rows = 6 is not in batch"),
+        (ControlValues(PATH_EAGER, 32, 31, 20, 0, 5), ValueError, "route .* EAGER bucket must be T = 31"),
+        (ControlValues(PATH_EMPTY, 0, 31, 20, 0, 5), ValueError, "route .* EMPTY needs T = 0"),
+    ],
+)
+def test_invalid_forced_route_raises_on_the_host(route, error, match):
+    values = make_values("ids64", len(_GROUP))
+    with pytest.raises(error, match=match):
+        slice_repack(values, torch.tensor(_GROUP), **TABLES, route=route, check=False)
+
+
+def test_forced_route_beyond_out_capacity_raises():
+    values = make_values("ids64", len(_GROUP))
+    route = ControlValues(PATH_STATIC, 32, 31, 20, 0, 8)
+    small = _sentinel(values, **_caps(values, len(_GROUP), TABLES, batch_cap=4))
+    with pytest.raises(ValueError, match="route STATIC \\[8, 32\\] does not fit out"):
+        slice_repack(values, torch.tensor(_GROUP), **TABLES, route=route, out=small)
+    # allocated by slice_repack itself, the buffers fit the forced route
+    assert slice_repack(values, torch.tensor(_GROUP), **TABLES, route=route).read() == route
+    varlen = ControlValues(PATH_VARLEN, 128, 31, 20, 0, 5)
+    assert slice_repack(values, torch.tensor(_GROUP), **TABLES, route=varlen).read() == varlen

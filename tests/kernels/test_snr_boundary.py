@@ -1,4 +1,4 @@
-"""seer_kernels.boundary_scan: the reference against a brute-force transcription of the rule, the
+"""seer_kernels.snr_boundary: the reference against a brute-force transcription of the rule, the
 Triton kernel (interpreter) against the reference, every edge, and property tests."""
 
 from __future__ import annotations
@@ -13,10 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seer_kernels import interpreting, kernel_backend
-
-# imported from the module, not the package: once the submodule is imported, the package
-# attribute of the same name is the module rather than the function
-from seer_kernels.boundary_scan import _block_size, _snr_boundary_triton, snr_boundary, snr_boundary_reference
+from seer_kernels.snr_boundary import _block_size, _snr_boundary_triton, snr_boundary, snr_boundary_reference
 
 pytestmark = [pytest.mark.interpreter, pytest.mark.snr_boundary]
 
@@ -93,7 +90,7 @@ def test_interpreter_is_on():
 
 
 def test_triton_path_does_not_call_the_reference(monkeypatch):
-    module = importlib.import_module("seer_kernels.boundary_scan")
+    module = importlib.import_module("seer_kernels.snr_boundary")
 
     def boom(*args, **kwargs):
         raise AssertionError("the reference ran on the triton backend")

@@ -14,7 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seer_kernels.slice_repack_mask import (
+from seer_kernels.slice_repack_control import (
     PATH_EAGER,
     PATH_EMPTY,
     PATH_STATIC,

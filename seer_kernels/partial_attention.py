@@ -463,12 +463,18 @@ def partial_attention_reference(
     k_old: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Torch reference of :func:`partial_attention`, one dense softmax per sequence.
+    """Torch reference of :func:`partial_attention`: every sequence at once, padded.
 
+    Sequence ``b``'s queries and keys are laid out ``[B, H, max_seqlen_q, d]`` and
+    ``[B, H, max_seqlen_k, d]`` (padding keys masked out of the softmax), so a whole forward is
+    a few batched matmuls. Non-salient rows take the salient columns of ``P`` only: each
+    sequence's salient keys are gathered into ``[B, max |A_b|]`` slots (empty slots hold 0).
     Computes in fp32 (fp64 when the inputs are fp64, which tests use as the exact answer) and
-    returns ``q``'s dtype. Reads ``cu_seqlens`` and the count on the host (syncs on CUDA).
-    With ``k_old``, the key correction uses the kernel's clamp and fallback rule on the old
-    scores, shifted by each row's max new score.
+    returns ``q``'s dtype. Reads the count and each sequence's number of salient keys on the host
+    (a sync on CUDA). With ``k_old``, the key correction uses the kernel's clamp and fallback
+    rule on the old scores, shifted by each row's max new score; the new and old salient scores
+    come from matmuls of the same shape, so ``k_old == k`` gives the plain update bit for bit.
+    Raises ``ValueError`` when a sequence is longer than its ``max_seqlen``.
     """
     Tq, H, d = q.shape
     Hk = k.shape[1]
@@ -477,54 +483,95 @@ def partial_attention_reference(
     cdt = torch.float64 if q.dtype == torch.float64 else torch.float32
     if out is None:
         out = torch.zeros_like(q)
-    cq = cu_seqlens_q.tolist()
-    ck = cu_seqlens_k.tolist()
-    cap = salient_k_index.shape[0]
-    n = (
-        int(salient_k_count.reshape(()).item())
-        if isinstance(salient_k_count, torch.Tensor)
-        else int(salient_k_count)
-    )
-    n = min(max(n, 0), cap)
-    kidx = salient_k_index[:n].to(torch.int64)
-    for b in range(len(cq) - 1):
-        qs, qe, ks, ke = cq[b], cq[b + 1], ck[b], ck[b + 1]
-        if qe == qs:
-            continue
-        qb = q[qs:qe].to(cdt).transpose(0, 1)  # [H, Lq, d]
-        kb = k[ks:ke].to(cdt).repeat_interleave(group, dim=1).transpose(0, 1)  # [H, Lk, d]
-        vb = v[ks:ke].to(cdt).repeat_interleave(group, dim=1).transpose(0, 1)
-        probs = torch.softmax(qb @ kb.transpose(1, 2) * scale, dim=-1)  # [H, Lq, Lk], all keys
-        sal = salient_q_mask[qs:qe]
-        rows_sal = torch.nonzero(sal).flatten()
-        rows_non = torch.nonzero(~sal).flatten()
-        res = torch.empty_like(qb)
-        # the P @ V work the algorithm saves: exact rows use every key, the rest only A's columns
-        res[:, rows_sal] = probs[:, rows_sal] @ vb
-        pos = torch.nonzero((kidx >= ks) & (kidx < ke)).flatten()
-        dvb = delta_v[pos].to(cdt).repeat_interleave(group, dim=1).transpose(0, 1)  # [H, |A_b|, d]
-        cache_b = ctx_cache[qs:qe][rows_non].to(cdt).transpose(0, 1)
-        res[:, rows_non] = cache_b + probs[:, rows_non][:, :, kidx[pos] - ks] @ dvb
-        if k_old is not None and pos.numel():  # pos non-empty: the sequence has keys
-            # built alike, so that k_old == k gives bitwise equal scores (and the plain update)
-            k_new_a, k_old_a = (
-                x.to(cdt).repeat_interleave(group, dim=1).transpose(0, 1) for x in (k[kidx[pos]], k_old[pos])
-            )
-            qn = qb[:, rows_non]
-            s = qn @ kb.transpose(1, 2) * scale  # [H, Ln, Lk]
-            m = s.amax(dim=-1, keepdim=True)
-            inv_l = 1.0 / torch.exp(s - m).sum(dim=-1, keepdim=True)
-            # new and old salient scores from matmuls of the same shape (equal keys give equal bits)
-            p_new_a = torch.exp(qn @ k_new_a.transpose(1, 2) * scale - m) * inv_l
-            gap = qn @ k_old_a.transpose(1, 2) * scale - m
-            res[:, rows_non] = key_corrected_update(
-                res[:, rows_non], cache_b, p_new_a, gap, inv_l, vb[:, kidx[pos] - ks] - dvb
-            )
-        out[qs:qe] = res.transpose(0, 1).to(out.dtype)
+    batch = cu_seqlens_q.shape[0] - 1
+    if batch <= 0 or Tq == 0:
+        return out
+    dev = q.device
+    cu_q, cu_k = cu_seqlens_q.long(), cu_seqlens_k.long()
+    len_q, len_k = cu_q.diff(), cu_k.diff()
+    longest_q, longest_k = int(len_q.max()), int(len_k.max())
+    if longest_q > max_seqlen_q or longest_k > max_seqlen_k:
+        raise ValueError(
+            f"a sequence is longer ({longest_q} queries, {longest_k} keys) than max_seqlen_q = {max_seqlen_q} "
+            f"/ max_seqlen_k = {max_seqlen_k}"
+        )
+    mq, mk = max_seqlen_q, (max_seqlen_k if k.shape[0] else 0)
+    # padded maps: slot i of sequence b is packed row cu[b] + i (row 0, masked, past its length)
+    q_valid = torch.arange(mq, device=dev)[None] < len_q[:, None]  # [B, mq]
+    k_valid = torch.arange(mk, device=dev)[None] < len_k[:, None]  # [B, mk]
+    q_rows = torch.where(q_valid, cu_q[:-1, None] + torch.arange(mq, device=dev)[None], 0)
+    k_rows = torch.where(k_valid, cu_k[:-1, None] + torch.arange(mk, device=dev)[None], 0)
+
+    def heads(t: torch.Tensor) -> torch.Tensor:  # [B, L, Hk, d] -> [B, H, L, d] in cdt
+        t = t.to(cdt).transpose(1, 2)
+        return t.repeat_interleave(group, dim=1) if group > 1 else t
+
+    qp = q[q_rows].to(cdt).transpose(1, 2)  # [B, H, mq, d]
+    kp, vp = heads(k[k_rows]), heads(v[k_rows])  # [B, H, mk, d]
+    key_mask = k_valid[:, None, None, :]
+    scores = ((qp @ kp.transpose(-1, -2)) * scale).masked_fill(~key_mask, float("-inf"))  # [B, H, mq, mk]
+    probs = torch.softmax(scores, dim=-1)
+    no_keys = (len_k == 0)[:, None, None, None]
+    if bool(no_keys.any()):  # the softmax over no key is NaN: exact rows 0, the others keep the cache
+        probs = probs.masked_fill(no_keys, 0.0)
+    sal = salient_q_mask[q_rows] & q_valid
+    if bool((sal | ~q_valid).all()):  # every row exact: no update to compute
+        result = probs @ vp
+    else:
+        cache = ctx_cache[q_rows].to(cdt).transpose(1, 2)
+        approx = _non_salient_rows(
+            qp, probs, scores, cache, k, v, delta_v, k_old, cu_k, salient_k_index, salient_k_count,
+            scale=scale, heads=heads, no_keys=no_keys,
+        )  # fmt: skip
+        result = torch.where(sal[:, None, :, None], probs @ vp, approx) if bool(sal.any()) else approx
+    out[q_rows[q_valid]] = result.transpose(1, 2)[q_valid].to(out.dtype)
     return out
 
 
-def key_corrected_update(
+def _non_salient_rows(
+    qp, probs, scores, cache, k, v, delta_v, k_old, cu_k, salient_k_index, salient_k_count, *, scale, heads, no_keys
+) -> torch.Tensor:
+    """The reference's rows outside the salient set, ``[B, H, mq, d]``: the cache plus ``P`` at each
+    sequence's salient columns times ``dV`` (gathered into ``[B, max |A_b|]`` slots, 0 in empty
+    ones), key-corrected with ``k_old``. ``heads`` lays ``[B, L, Hk, d]`` out as ``[B, H, L, d]``."""
+    batch, n_heads, mq, _ = qp.shape
+    dev, cdt = qp.device, qp.dtype
+    cap = salient_k_index.shape[0]
+    n = int(salient_k_count.reshape(()).item()) if isinstance(salient_k_count, torch.Tensor) else int(salient_k_count)
+    kidx = salient_k_index[: min(max(n, 0), cap)].to(torch.int64)
+    req = torch.searchsorted(cu_k[1:], kidx, right=True)  # ascending key rows -> their sequence
+    live = torch.nonzero(req < batch).flatten()  # salient keys past the last sequence touch no row
+    kidx, req = kidx[live], req[live]
+    counts = torch.bincount(req, minlength=batch)
+    slot = torch.arange(live.numel(), device=dev) - (counts.cumsum(0) - counts)[req]
+    max_a = int(counts.max()) if live.numel() else 0
+    col = torch.zeros(batch, max_a, dtype=torch.int64, device=dev)  # each key's position in its sequence
+    a_mask = torch.zeros(batch, max_a, dtype=torch.bool, device=dev)
+    col[req, slot] = kidx - cu_k[req]
+    a_mask[req, slot] = True
+    empty_slots = ~a_mask[:, None, None, :]
+
+    def per_sequence(rows: torch.Tensor) -> torch.Tensor:  # [|A|, Hk, d] -> [B, H, max_a, d]
+        slots = rows.new_zeros((batch, max_a, *rows.shape[1:]), dtype=cdt)
+        slots[req, slot] = rows.to(cdt)
+        return heads(slots)
+
+    # the P @ V work the algorithm saves: only A's columns of P
+    dv_a = per_sequence(delta_v[live])
+    p_a = probs.gather(-1, col[:, None, None, :].expand(batch, n_heads, mq, max_a)).masked_fill(empty_slots, 0.0)
+    approx = cache + p_a @ dv_a
+    if k_old is None or not max_a:
+        return approx
+    m = scores.amax(dim=-1, keepdim=True).masked_fill(no_keys, 0.0)  # -inf without keys (and no salient key)
+    inv_l = probs.amax(dim=-1, keepdim=True)  # exp(0) / l: one over the row's sum of exp(s - m)
+    # new and old salient scores from matmuls of the same shape (equal keys give equal bits)
+    k_new_a, k_old_a = per_sequence(k[kidx]), per_sequence(k_old[live])
+    p_new_a = (torch.exp((qp @ k_new_a.transpose(-1, -2)) * scale - m) * inv_l).masked_fill(empty_slots, 0.0)
+    gap = ((qp @ k_old_a.transpose(-1, -2)) * scale - m).masked_fill(empty_slots, float("-inf"))
+    return _key_corrected_update(approx, cache, p_new_a, gap, inv_l, per_sequence(v[kidx]) - dv_a)
+
+
+def _key_corrected_update(
     paper: torch.Tensor,
     cache: torch.Tensor,
     p_new_a: torch.Tensor,
@@ -532,9 +579,9 @@ def key_corrected_update(
     inv_l: torch.Tensor,
     v_old_a: torch.Tensor,
 ) -> torch.Tensor:
-    """The key correction of non-salient rows in torch (the reference's and DyLLM's batched path).
+    """The key correction of non-salient rows in torch (the reference's).
 
-    Any leading dims ``[...]`` (heads, or requests and heads), ``n`` rows, ``a`` salient keys:
+    Any leading dims ``[...]`` (sequences and heads), ``n`` rows, ``a`` salient keys:
     paper ``[..., n, d]`` the plain update ``cache + P[:, A] @ dV``; cache ``[..., n, d]``;
     p_new_a ``[..., n, a]`` the new softmax at the salient columns (0 at padding slots); gap
     ``[..., n, a]`` each old score minus the row's max new score (-inf at padding slots); inv_l

@@ -4,23 +4,18 @@ Seer §1.5 ("device-resident latency shadowing"): once every row ``b`` of a padd
 batch knows how many leading positions it keeps (``keep_len[b] = L*_b``), one fused kernel
 
 a. decides the execution path of the group from ``keep_len`` and the router's bucket tables,
-   exactly by the rule below (all programs reach it redundantly and deterministically);
+   exactly by the padding-waste rule (all programs reach it redundantly and deterministically),
+   or takes the layout the host already decided (``route=``) after checking that it holds the
+   group;
 b. writes the rows in the chosen layout: bucket-padded ``[batch bucket, B_G]`` for the static
    graph, or packed back to back for the varlen graph / eager path;
 c. writes ``cu_seqlens``, position ids, the key mask and the source index of every slot;
 d. writes a small control word that the host can poll (optionally copied to pinned memory).
 
-The rule (the router in ``seer_runtime/router.py`` implements the same one on the host; see
-:func:`slice_repack_decision`), for a group of ``G`` rows with lengths ``L*``:
-
-* ``T = sum L*``, ``Lmax = max L*``. ``T == 0`` -> ``EMPTY``.
-* ``B_G`` = the smallest micro-bucket ``>= Lmax``; none -> ``EAGER``.
-* ``G == 1`` or ``B_G <= eager_max_bucket`` -> ``EAGER``.
-* ``PWR = 1 - T / (G * B_G)``, evaluated in IEEE float64 exactly as written; ``PWR <= tau_pad``
-  and some batch bucket ``>= G`` -> ``STATIC`` with key (smallest batch bucket ``>= G``, ``B_G``).
-* otherwise ``VARLEN`` with ``P`` = the smallest packed bucket ``>= T``; none -> ``EAGER``.
-
-``EAGER`` uses the packed layout with no padding beyond ``T``.
+The rule is written out in ``slice_repack_control.py`` beside its host implementation
+:func:`~seer_kernels.slice_repack_control.slice_repack_decision` (which the router calls), with
+the control word, the buffers and the path codes; this file holds the kernel, its launcher, the
+torch reference and the public op.
 
 Kernel layout: a 1-D grid of programs; each program loads the group's lengths and the tables,
 takes the decision, derives every row's packed offset with ``tl.cumsum``, and then walks the
@@ -33,225 +28,37 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
 from . import _dispatch
+from .slice_repack_control import (
+    BUFFER_FIELDS,
+    CONTROL_SIZE,
+    ERR_CAPACITY,
+    ERR_KEEP_LEN,
+    ERR_ROUTE,
+    ERR_ROW_IDS,
+    MAX_GROUP,
+    PATH_EAGER,
+    PATH_ERROR,
+    PATH_STATIC,
+    PATH_VARLEN,
+    ControlValues,
+    ControlWord,
+    SliceRepackOutput,
+    _decide,
+    route_problem,
+    slice_repack_buffers,
+)
 
-# path codes (the control word's first entry)
-PATH_ERROR = -1  # an input was out of range or a buffer too small: nothing but the control word was written
-PATH_EMPTY = 0
-PATH_STATIC = 1
-PATH_VARLEN = 2
-PATH_EAGER = 3
-PATH_NAMES = {
-    PATH_ERROR: "ERROR",
-    PATH_EMPTY: "EMPTY",
-    PATH_STATIC: "STATIC",
-    PATH_VARLEN: "VARLEN",
-    PATH_EAGER: "EAGER",
-}
-
-# control word layout: int32 [CONTROL_SIZE]
-CTRL_PATH = 0  # one of the PATH_* codes
-CTRL_BUCKET = 1  # B_G for STATIC, P for VARLEN, T for EAGER, 0 for EMPTY and ERROR
-CTRL_TOTAL = 2  # T = sum of the group's L*
-CTRL_MAX_LEN = 3  # Lmax
-CTRL_ERROR = 4  # bit flags, ERR_*; 0 when all is well
-CTRL_BATCH = 5  # rows of the chosen layout: the batch bucket for STATIC, G otherwise (0 for ERROR)
-CONTROL_SIZE = 6
-
-ERR_KEEP_LEN = 1  # some keep_len of the group outside [0, N]
-ERR_ROW_IDS = 2  # some row_ids outside [0, B)
-ERR_CAPACITY = 4  # the chosen layout does not fit the output buffers
-
-MAX_GROUP = 1024
 _BIG = tl.constexpr(1 << 40)  # "no bucket" sentinel; G * _BIG still fits in int64
 
 _INT_CONTAINER = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _ID_DTYPES = (torch.int64, torch.int32)
 _HIDDEN_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-class ControlValues(NamedTuple):
-    """The control word as host ints (see the ``CTRL_*`` indices)."""
-
-    path: int
-    bucket: int
-    total: int
-    max_len: int
-    error: int
-    batch_rows: int
-
-
-def decode_control(word: torch.Tensor | Sequence[int]) -> ControlValues:
-    """Turn a control word (a CPU tensor or a sequence of ``CONTROL_SIZE`` ints) into :class:`ControlValues`.
-
-    Reading a CUDA tensor here synchronises; poll through :class:`ControlWord` instead.
-    """
-    values = word.tolist() if isinstance(word, torch.Tensor) else list(word)
-    if len(values) != CONTROL_SIZE:
-        raise ValueError(f"a control word holds {CONTROL_SIZE} ints, got {len(values)}")
-    return ControlValues(*(int(x) for x in values))
-
-
-def describe_control_error(error: int) -> str:
-    """Human-readable text for the ``error`` bit flags of a control word."""
-    parts = []
-    if error & ERR_KEEP_LEN:
-        parts.append("some keep_len of the group is outside [0, N]")
-    if error & ERR_ROW_IDS:
-        parts.append("some row_ids entry is outside [0, B)")
-    if error & ERR_CAPACITY:
-        parts.append(
-            "the chosen layout does not fit the output buffers (out= too small for the bucket tables)"
-        )
-    return "; ".join(parts) or "no error"
-
-
-class ControlWord:
-    """Host handle on the control word of one :func:`slice_repack` call.
-
-    ``ready()`` never blocks (``torch.cuda.Event.query``). ``read()`` waits on this call's event
-    only (not the whole device) and returns :class:`ControlValues`; it raises ``ValueError`` when
-    the kernel flagged an error, unless ``raise_on_error=False``. With a pinned ``control_host``
-    the copy was enqueued right after the kernel, so ``read()`` costs no extra transfer; without
-    one, ``read()`` does a blocking device-to-host copy. On CPU the handle is ready at once.
-    """
-
-    def __init__(self, device_word: torch.Tensor, host_word: torch.Tensor | None, event) -> None:
-        self.device_word = device_word
-        self.host_word = host_word
-        self._event = event
-
-    def ready(self) -> bool:
-        return True if self._event is None else bool(self._event.query())
-
-    def read(self, *, raise_on_error: bool = True) -> ControlValues:
-        if self._event is not None:
-            self._event.synchronize()
-        source = self.host_word if self.host_word is not None else self.device_word
-        values = decode_control(source.cpu() if source.device.type != "cpu" else source)
-        if raise_on_error and values.error:
-            raise ValueError(
-                f"slice_repack flagged an error (code {values.error}): {describe_control_error(values.error)}"
-            )
-        return values
-
-
-@dataclass(frozen=True)
-class SliceRepackOutput:
-    """Fixed-capacity buffers written by :func:`slice_repack` (also its ``out=`` argument).
-
-    Padded layout (written for ``STATIC`` only, region ``[:batch_rows, :B_G]``):
-        padded_values ``[batch_cap, bucket_cap]`` (token ids) or ``[batch_cap, bucket_cap, D]``,
-        padded_positions int64, padded_mask bool (True = real token), padded_src_index int64
-        (``b * N + n`` of the source slot, -1 for padding), all ``[batch_cap, bucket_cap]``.
-    Packed layout (written for ``VARLEN`` over ``[:P]`` and ``EAGER`` over ``[:T]``):
-        packed_values ``[packed_cap]`` or ``[packed_cap, D]``, packed_positions int64,
-        packed_seq_index int32 (group row of each token, -1 in padding), packed_src_index int64.
-    cu_seqlens: int32 ``[cu_len]``, ``cu_len >= G + 1``: exclusive prefix sum of the group's
-        lengths, the last value repeated over the extra entries (zero-length padding rows).
-    control: int32 ``[CONTROL_SIZE]`` on the device (see ``CTRL_*``).
-    handle: the :class:`ControlWord` of the call that produced this output (None for bare buffers).
-    """
-
-    control: torch.Tensor
-    padded_values: torch.Tensor
-    padded_positions: torch.Tensor
-    padded_mask: torch.Tensor
-    padded_src_index: torch.Tensor
-    packed_values: torch.Tensor
-    packed_positions: torch.Tensor
-    packed_seq_index: torch.Tensor
-    packed_src_index: torch.Tensor
-    cu_seqlens: torch.Tensor
-    handle: ControlWord | None = field(default=None, compare=False)
-
-    def ready(self) -> bool:
-        """Whether the control word can be read without blocking."""
-        return self._handle().ready()
-
-    def read(self, *, raise_on_error: bool = True) -> ControlValues:
-        """The control word on the host (waits on this call's event only)."""
-        return self._handle().read(raise_on_error=raise_on_error)
-
-    def _handle(self) -> ControlWord:
-        if self.handle is None:
-            raise ValueError("these buffers were not produced by slice_repack (no control handle)")
-        return self.handle
-
-    @property
-    def batch_cap(self) -> int:
-        return self.padded_positions.shape[0]
-
-    @property
-    def bucket_cap(self) -> int:
-        return self.padded_positions.shape[1]
-
-    @property
-    def packed_cap(self) -> int:
-        return self.packed_positions.shape[0]
-
-
-_BUFFER_FIELDS = (
-    "control",
-    "padded_values",
-    "padded_positions",
-    "padded_mask",
-    "padded_src_index",
-    "packed_values",
-    "packed_positions",
-    "packed_seq_index",
-    "packed_src_index",
-    "cu_seqlens",
-)
-
-
-def slice_repack_buffers(
-    *,
-    batch_cap: int,
-    bucket_cap: int,
-    packed_cap: int,
-    cu_len: int,
-    dtype: torch.dtype,
-    device: torch.device | str,
-    hidden_dim: int | None = None,
-) -> SliceRepackOutput:
-    """Allocate (uninitialised) persistent buffers for ``slice_repack(..., out=...)``.
-
-    Size them from the router's tables: ``batch_cap >= max(batch_buckets)``,
-    ``bucket_cap >= max(micro_buckets)``, ``packed_cap >= max(max(packed_buckets), G * N)``
-    (``EAGER`` packs up to ``G * N`` tokens) and ``cu_len >= G + 1`` for the largest group.
-    ``hidden_dim=None`` for token ids ``[B, N]``, ``D`` for hidden states ``[B, N, D]``.
-    """
-    for name, value in (
-        ("batch_cap", batch_cap),
-        ("bucket_cap", bucket_cap),
-        ("packed_cap", packed_cap),
-        ("cu_len", cu_len),
-    ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name} must be an int >= 0, got {value!r}")
-    if cu_len < 1:
-        raise ValueError(f"cu_len must be >= 1 (G + 1), got {cu_len}")
-    tail = () if hidden_dim is None else (hidden_dim,)
-    return SliceRepackOutput(
-        control=torch.zeros(CONTROL_SIZE, dtype=torch.int32, device=device),
-        padded_values=torch.empty((batch_cap, bucket_cap, *tail), dtype=dtype, device=device),
-        padded_positions=torch.empty((batch_cap, bucket_cap), dtype=torch.int64, device=device),
-        padded_mask=torch.empty((batch_cap, bucket_cap), dtype=torch.bool, device=device),
-        padded_src_index=torch.empty((batch_cap, bucket_cap), dtype=torch.int64, device=device),
-        packed_values=torch.empty((packed_cap, *tail), dtype=dtype, device=device),
-        packed_positions=torch.empty(packed_cap, dtype=torch.int64, device=device),
-        packed_seq_index=torch.empty(packed_cap, dtype=torch.int32, device=device),
-        packed_src_index=torch.empty(packed_cap, dtype=torch.int64, device=device),
-        cu_seqlens=torch.empty(cu_len, dtype=torch.int32, device=device),
-    )
 
 
 @triton.jit
@@ -300,6 +107,13 @@ def _smallest_at_least(TABLE, count, threshold, TB: tl.constexpr):
 
 
 @triton.jit
+def _is_entry(TABLE, count, value, TB: tl.constexpr):
+    """Whether ``value`` is an entry of a 1-D table of ``count`` entries."""
+    exists, smallest = _smallest_at_least(TABLE, count, value, TB)
+    return exists & (smallest == value)
+
+
+@triton.jit(do_not_specialize=["r_path", "r_bucket", "r_total", "r_max_len", "r_batch"])
 def _slice_repack_kernel(
     VALS,
     POS,
@@ -337,6 +151,11 @@ def _slice_repack_kernel(
     bucket_cap,
     packed_cap,
     cu_len,
+    r_path,
+    r_bucket,
+    r_total,
+    r_max_len,
+    r_batch,
     GB: tl.constexpr,
     MB: tl.constexpr,
     PB: tl.constexpr,
@@ -346,6 +165,7 @@ def _slice_repack_kernel(
     HAS_D: tl.constexpr,
     HAS_POS: tl.constexpr,
     HAS_ROW_IDS: tl.constexpr,
+    FORCED: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -365,23 +185,45 @@ def _slice_repack_kernel(
     max_len = tl.max(lens, 0)
     offsets = tl.cumsum(lens, 0) - lens  # exclusive prefix sum: each row's packed start
 
-    # --- the decision (see the module docstring); identical in every program ---
-    has_bg, b_g = _smallest_at_least(MICRO, n_micro, max_len, MB)
-    has_gb, g_b = _smallest_at_least(BATCHB, n_batch, G, BB)
-    has_p, p_len = _smallest_at_least(PACKED, n_packed, total, PB)
-    pwr = 1.0 - total.to(tl.float64) / tl.maximum(G * b_g, 1).to(tl.float64)  # G = 0 is EMPTY anyway
-    path = tl.where(has_p, 2, 3)  # VARLEN, else EAGER
-    path = tl.where((pwr <= tau_pad) & has_gb, 1, path)  # STATIC
-    path = tl.where((G == 1) | (b_g <= eager_max_bucket), 3, path)
-    path = tl.where(has_bg, path, 3)
-    path = tl.where(total == 0, 0, path)  # EMPTY
-    bucket = tl.where(path == 1, b_g, tl.where(path == 2, p_len, tl.where(path == 3, total, 0)))
-    batch_rows = tl.where(path == 1, g_b, G)
+    zero = total * 0  # int64 scalar: the scalar arguments below may arrive as constexprs
+    if FORCED:
+        # --- the layout the host decided (route=): written as given when it holds the group ---
+        path = zero + r_path
+        bucket = zero + r_bucket
+        batch_rows = zero + r_batch
+        # the checks of slice_repack_control.route_problem, on the measured T and Lmax
+        empty_ok = (total == 0) & (bucket == 0) & (batch_rows == G)
+        static_ok = (bucket >= max_len) & _is_entry(MICRO, n_micro, bucket, MB)
+        static_ok = static_ok & (batch_rows >= G) & _is_entry(BATCHB, n_batch, batch_rows, BB)
+        varlen_ok = (bucket >= total) & _is_entry(PACKED, n_packed, bucket, PB) & (batch_rows == G)
+        eager_ok = (bucket == total) & (batch_rows == G)
+        holds = tl.where(
+            path == 0,
+            empty_ok,
+            tl.where(path == 1, static_ok, tl.where(path == 2, varlen_ok, (path == 3) & eager_ok)),
+        )
+        bad_route = ~(holds & (total == r_total) & (max_len == r_max_len))
+    else:
+        # --- the decision (slice_repack_control's rule); identical in every program ---
+        has_bg, b_g = _smallest_at_least(MICRO, n_micro, max_len, MB)
+        has_gb, g_b = _smallest_at_least(BATCHB, n_batch, G, BB)
+        has_p, p_len = _smallest_at_least(PACKED, n_packed, total, PB)
+        pwr = 1.0 - total.to(tl.float64) / tl.maximum(G * b_g, 1).to(tl.float64)  # G = 0 is EMPTY anyway
+        path = tl.where(has_p, 2, 3)  # VARLEN, else EAGER
+        path = tl.where((pwr <= tau_pad) & has_gb, 1, path)  # STATIC
+        path = tl.where((G == 1) | (b_g <= eager_max_bucket), 3, path)
+        path = tl.where(has_bg, path, 3)
+        path = tl.where(total == 0, 0, path)  # EMPTY
+        bucket = tl.where(path == 1, b_g, tl.where(path == 2, p_len, tl.where(path == 3, total, 0)))
+        batch_rows = tl.where(path == 1, g_b, G)
+        bad_route = zero != zero  # False: no route to check
 
-    too_big = ((path == 1) & ((g_b > batch_cap) | (b_g > bucket_cap))) | (
+    too_big = ((path == 1) & ((batch_rows > batch_cap) | (bucket > bucket_cap))) | (
         ((path == 2) | (path == 3)) & (bucket > packed_cap)
     )
-    error = bad_len.to(tl.int32) * 1 + bad_row.to(tl.int32) * 2 + too_big.to(tl.int32) * 4
+    error = (
+        bad_len.to(tl.int32) * 1 + bad_row.to(tl.int32) * 2 + too_big.to(tl.int32) * 4 + bad_route.to(tl.int32) * 8
+    )
     path = tl.where(error != 0, -1, path)
     bucket = tl.where(error != 0, 0, bucket)
     batch_rows = tl.where(error != 0, 0, batch_rows)
@@ -401,9 +243,9 @@ def _slice_repack_kernel(
 
     offs = tl.arange(0, BLOCK_N)
     if path == 1:
-        # STATIC: the region [:g_b, :b_g] of the padded layout, one (row, column block) per item
-        col_blocks = tl.cdiv(b_g, BLOCK_N)
-        n_items = g_b * col_blocks
+        # STATIC: the region [:batch_rows, :bucket] of the padded layout, one (row, column block) per item
+        col_blocks = tl.cdiv(bucket, BLOCK_N)
+        n_items = batch_rows * col_blocks
         for it in range(0, tl.cdiv(n_items - pid, nprog)):
             item = pid + it * nprog
             r = item // col_blocks
@@ -412,7 +254,7 @@ def _slice_repack_kernel(
             len_r = tl.sum(tl.where(sel, lens, 0), 0)  # 0 for the padding rows r >= G
             src_row = tl.sum(tl.where(sel, rows, 0), 0)
             real = n < len_r
-            in_bucket = n < b_g
+            in_bucket = n < bucket
             dst = r.to(tl.int64) * bucket_cap + n
             _copy_value_tile(
                 VALS,
@@ -527,10 +369,13 @@ def _slice_repack_triton(
     eager_max_bucket,
     pad_value,
     out,
+    route=None,
     block_n=None,
     num_programs=None,
 ):
     """Launch the kernel (inputs validated, buffers allocated). ``block_n``/``num_programs`` are for tests."""
+    forced = route is not None
+    r = route if forced else (0, 0, 0, 0, 0, 0)
     batch, seq_len = values.shape[0], values.shape[1]
     has_d = values.dim() == 3
     hidden = values.shape[2] if has_d else 1
@@ -594,6 +439,11 @@ def _slice_repack_triton(
         out.bucket_cap,
         out.packed_cap,
         out.cu_seqlens.numel(),
+        int(r[0]),  # path
+        int(r[1]),  # bucket
+        int(r[2]),  # T
+        int(r[3]),  # Lmax
+        int(r[5]),  # batch rows
         GB=max(2, triton.next_power_of_2(group)),
         MB=max(2, triton.next_power_of_2(counts[0])),
         PB=max(2, triton.next_power_of_2(counts[1])),
@@ -603,43 +453,8 @@ def _slice_repack_triton(
         HAS_D=has_d,
         HAS_POS=positions is not None,
         HAS_ROW_IDS=row_ids is not None,
+        FORCED=forced,
     )
-
-
-def slice_repack_decision(
-    keep_len: Sequence[int],
-    *,
-    micro_buckets: Sequence[int],
-    packed_buckets: Sequence[int],
-    batch_buckets: Sequence[int],
-    tau_pad: float = 0.2,
-    eager_max_bucket: int = 4,
-) -> ControlValues:
-    """The routing rule on the host, for one group with lengths ``keep_len`` (host ints).
-
-    Returns the control word the kernel writes for valid input (``error = 0``); capacity and
-    range checks are not part of the rule. The tables are sorted ascending.
-    """
-    lengths = [int(x) for x in keep_len]
-    group = len(lengths)
-    total = sum(lengths)
-    max_len = max(lengths, default=0)
-    if total == 0:
-        return ControlValues(PATH_EMPTY, 0, 0, max_len, 0, group)
-    micro = [m for m in micro_buckets if m >= max_len]
-    if not micro:
-        return ControlValues(PATH_EAGER, total, total, max_len, 0, group)
-    b_g = min(micro)
-    if group == 1 or b_g <= eager_max_bucket:
-        return ControlValues(PATH_EAGER, total, total, max_len, 0, group)
-    pwr = 1.0 - total / (group * b_g)
-    batch = [b for b in batch_buckets if b >= group]
-    if pwr <= tau_pad and batch:
-        return ControlValues(PATH_STATIC, b_g, total, max_len, 0, min(batch))
-    packed = [p for p in packed_buckets if p >= total]
-    if packed:
-        return ControlValues(PATH_VARLEN, min(packed), total, max_len, 0, group)
-    return ControlValues(PATH_EAGER, total, total, max_len, 0, group)
 
 
 def slice_repack_reference(
@@ -655,13 +470,15 @@ def slice_repack_reference(
     eager_max_bucket: int = 4,
     pad_value: int | float = 0,
     out: SliceRepackOutput,
+    route: ControlValues | None = None,
 ) -> ControlValues:
     """Torch reference: fills ``out`` exactly as the kernel does and returns the control values.
 
     Takes validated inputs and allocated buffers (the public :func:`slice_repack` does both).
     Reads ``keep_len``, ``row_ids`` and the tables on the host (a sync on CUDA): this is the
     spec and the CPU fallback. Out-of-range input is not raised here but flagged in the control
-    word, with nothing else written, exactly like the kernel.
+    word, with nothing else written, exactly like the kernel; so is a ``route`` that does not
+    hold the group (``ERR_ROUTE``).
     """
     batch, seq_len = values.shape[0], values.shape[1]
     lens_all = keep_len.tolist()
@@ -680,14 +497,24 @@ def slice_repack_reference(
         t.tolist() if isinstance(t, torch.Tensor) else list(t)
         for t in (micro_buckets, packed_buckets, batch_buckets)
     ]
-    decision = slice_repack_decision(
-        lens,
-        micro_buckets=tables[0],
-        packed_buckets=tables[1],
-        batch_buckets=tables[2],
-        tau_pad=tau_pad,
-        eager_max_bucket=eager_max_bucket,
-    )
+    total, max_len = sum(lens), max(lens, default=0)
+    if route is None:
+        decision = _decide(lens, *tables, tau_pad, eager_max_bucket)
+    else:
+        decision = ControlValues(route.path, route.bucket, total, max_len, 0, route.batch_rows)
+        problem = route_problem(
+            route.path,
+            route.bucket,
+            route.batch_rows,
+            group=len(rows),
+            total=total,
+            max_len=max_len,
+            micro_buckets=tables[0],
+            packed_buckets=tables[1],
+            batch_buckets=tables[2],
+        )
+        if problem is not None or (route.total, route.max_len) != (total, max_len):
+            error |= ERR_ROUTE
     path, bucket, total, max_len, _, batch_rows = decision
     if path == PATH_STATIC and (batch_rows > out.batch_cap or bucket > out.bucket_cap):
         error |= ERR_CAPACITY
@@ -829,6 +656,41 @@ def _check_out(out: SliceRepackOutput, values: torch.Tensor, group: int) -> None
         )
 
 
+def _check_route(
+    route: object,
+    group: int,
+    seq_len: int,
+    micro: list[int] | None,
+    packed: list[int] | None,
+    batch: list[int] | None,
+) -> None:
+    """Host checks of a forced route that need no device read (tables None: on a GPU, unchecked)."""
+    if not isinstance(route, ControlValues):
+        raise TypeError(f"route must be a ControlValues (see slice_repack_decision), got {type(route).__name__}")
+    if any(isinstance(x, bool) or not isinstance(x, int) for x in route):
+        raise TypeError(f"route must hold ints, got {route!r}")
+    if route.error != 0:
+        raise ValueError(f"route must have error = 0 (a decision, not a flagged control word), got {route!r}")
+    total, max_len = route.total, route.max_len
+    if not (0 <= max_len <= seq_len and max_len <= total <= group * max_len):
+        raise ValueError(
+            f"route's T = {total} and Lmax = {max_len} are not those of {group} rows of at most N = {seq_len}"
+        )
+    problem = route_problem(
+        route.path,
+        route.bucket,
+        route.batch_rows,
+        group=group,
+        total=total,
+        max_len=max_len,
+        micro_buckets=micro,
+        packed_buckets=packed,
+        batch_buckets=batch,
+    )
+    if problem is not None:
+        raise ValueError(f"route {tuple(route)} is not a layout for this group: {problem}")
+
+
 def slice_repack(
     values: torch.Tensor,
     keep_len: torch.Tensor,
@@ -844,6 +706,7 @@ def slice_repack(
     control_host: torch.Tensor | None = None,
     out: SliceRepackOutput | None = None,
     check: bool | None = None,
+    route: ControlValues | None = None,
 ) -> SliceRepackOutput:
     """Cut each row of a group to its ``L*``, route the group and write it in the chosen layout.
 
@@ -870,6 +733,14 @@ def slice_repack(
             Default ``None`` checks when the tensors are on the CPU; on CUDA ``True`` costs a sync.
             Unchecked bad input is never clamped: the kernel flags it in the control word's
             ``error`` entry (``ERR_*`` bits), sets the path to ``PATH_ERROR`` and writes nothing else.
+        route: the layout already decided on the host (normally ``slice_repack_decision`` of the
+            host lengths and the same tables): ``(path, bucket, batch_rows)`` is written as given
+            and reported in the control word; ``total``/``max_len`` are the ``T``/``Lmax`` it was
+            decided for, ``error`` is 0. What the host can check without a sync raises
+            ``ValueError`` naming ``route`` (path code, ranges, host tables, ``out``'s capacity,
+            and with ``check`` ``T``/``Lmax``); the kernel flags the rest as ``ERR_ROUTE`` (``T``
+            or ``Lmax`` differ, a bucket or batch rows that do not hold the group or are not in
+            their table; see ``slice_repack_control.route_problem``).
 
     Returns:
         :class:`SliceRepackOutput`: the buffers (``out``'s own tensors when given) and the control
@@ -941,6 +812,9 @@ def slice_repack(
                 "control_host must be pinned (torch.empty(..., pin_memory=True)) for a non-blocking copy"
             )
 
+    if route is not None:
+        _check_route(route, group, seq_len, micro_host, packed_host, batch_host)
+
     if check is None:
         check = device.type == "cpu"
     if check:
@@ -952,6 +826,12 @@ def slice_repack(
         bad = [(r, lens[r]) for r in rows if not 0 <= lens[r] <= seq_len]
         if bad:
             raise ValueError(f"keep_len must lie in [0, N = {seq_len}], got (row, L*) {bad[:8]}")
+        group_lens = [lens[r] for r in rows]
+        if route is not None and (route.total, route.max_len) != (sum(group_lens), max(group_lens, default=0)):
+            raise ValueError(
+                f"route was decided for T = {route.total}, Lmax = {route.max_len}, but the group has "
+                f"T = {sum(group_lens)}, Lmax = {max(group_lens, default=0)}"
+            )
 
     if out is None:
         if None in (micro_host, packed_host, batch_host):
@@ -962,10 +842,13 @@ def slice_repack(
         most = group * seq_len
         packed_fit = [p for p in packed_host if p >= most]
         batch_fit = [b for b in batch_host if b >= group]
+        # a forced route may pick a larger batch bucket or packed bucket than the rule would
+        forced_rows = route.batch_rows if route is not None and route.path == PATH_STATIC else 0
+        forced_packed = route.bucket if route is not None and route.path == PATH_VARLEN else 0
         out = slice_repack_buffers(
-            batch_cap=min(batch_fit) if batch_fit else 0,
+            batch_cap=max(min(batch_fit) if batch_fit else 0, forced_rows),
             bucket_cap=max(micro_host, default=0),
-            packed_cap=max(most, min(packed_fit) if packed_fit else max(packed_host, default=0)),
+            packed_cap=max(most, min(packed_fit) if packed_fit else max(packed_host, default=0), forced_packed),
             cu_len=group + 1,
             dtype=values.dtype,
             device=device,
@@ -973,6 +856,14 @@ def slice_repack(
         )
     else:
         _check_out(out, values, group)
+    if route is not None:
+        if route.path == PATH_STATIC and (route.batch_rows > out.batch_cap or route.bucket > out.bucket_cap):
+            raise ValueError(
+                f"route STATIC [{route.batch_rows}, {route.bucket}] does not fit out's padded buffers "
+                f"[{out.batch_cap}, {out.bucket_cap}]"
+            )
+        if route.path in (PATH_VARLEN, PATH_EAGER) and route.bucket > out.packed_cap:
+            raise ValueError(f"route's bucket {route.bucket} does not fit out's {out.packed_cap} packed slots")
 
     if _dispatch.use_triton(values):
         _slice_repack_triton(
@@ -987,6 +878,7 @@ def slice_repack(
             eager_max_bucket=eager_max_bucket,
             pad_value=pad_value,
             out=out,
+            route=route,
         )
     else:
         slice_repack_reference(
@@ -1001,6 +893,7 @@ def slice_repack(
             eager_max_bucket=eager_max_bucket,
             pad_value=pad_value,
             out=out,
+            route=route,
         )
     event = None
     if device.type == "cuda":
@@ -1011,4 +904,4 @@ def slice_repack(
     elif control_host is not None:
         control_host.copy_(out.control)
     handle = ControlWord(out.control, control_host, event)
-    return SliceRepackOutput(*(getattr(out, f) for f in _BUFFER_FIELDS), handle=handle)
+    return SliceRepackOutput(*(getattr(out, f) for f in BUFFER_FIELDS), handle=handle)

@@ -222,7 +222,7 @@ def _swiglu_sparsity_triton(
         num_warps=num_warps,
         # torch's CUDA kernels are built with nvcc's default --fmad=true, which lets the last
         # multiply of the inlined expf fuse with the "1 +"; Triton does the same only with fusion
-        # on, so say so (its default is changing). bench/gpu_seer_kernels.py checks the bits.
+        # on, so say so (its default is changing). tests/kernels/test_mlp_sparsity_gpu.py checks the bits.
         enable_fp_fusion=True,
     )
 
