@@ -112,6 +112,14 @@ def attention(
     )
 
 
+def linear(module: nn.Linear, x: torch.Tensor, count: int | torch.Tensor | None = None) -> torch.Tensor:
+    """``module(x)``; with ``count``, only the first ``count`` rows of ``x [capacity, K]`` are
+    computed (``seer_kernels.row_linear``: the count may stay on the device), the rest are zero."""
+    if count is None:
+        return module(x)
+    return seer_kernels.row_linear(x, module.weight, module.bias, count)
+
+
 def swiglu(gate: torch.Tensor, up: torch.Tensor, taps: Taps | None) -> torch.Tensor:
     """silu(gate) * up, measuring its sparsity in the same pass when a tap asks for it."""
     if taps is not None and taps.mlp_sparsity_eps is not None:
@@ -141,8 +149,9 @@ def block_forward(
     like hidden without its last dim plus head_dim. prefix_kv: this layer's cached prefix
     (rotated keys, values) in the layout's form. With ``taps.rows`` (packed hidden only) K/V are
     projected for ``rows.kv_index`` alone, ``rows.attend`` replaces the attention core, and the
-    FFN runs for ``rows.ffn_index(ctx)`` alone (``seer_runtime.adapter.LayerRows``). Returns the
-    new hidden state, same shape.
+    FFN runs for the rows ``rows.ffn_index(ctx)`` names alone (``seer_runtime.adapter.LayerRows``;
+    row sets are fixed-capacity index buffers with a count that may stay on the device). Returns
+    the new hidden state, same shape.
     """
     rows = taps.rows if taps is not None else None
     if rows is not None and (taps.mlp_sparsity_eps is not None or taps.keep_mlp_act):
@@ -152,11 +161,12 @@ def block_forward(
     if rows is None:
         q, k, v = block.project_qkv(x_n)
         k = apply_rope(k, cos, sin, full_precision=rope_full_precision)
-    else:
-        index = rows.kv_index
+    else:  # K/V of the first kv_count rows of kv_index only (a fixed-capacity row set)
+        index, count = rows.kv_index, rows.kv_count
         q = block.project_q(x_n)
-        k, v = block.project_kv(seer_kernels.gather_rows(x_n, index, index.numel()))
-        k = apply_rope(k, cos.index_select(0, index), sin.index_select(0, index), full_precision=rope_full_precision)
+        k, v = block.project_kv(seer_kernels.gather_rows(x_n, index, count), count=count)
+        k = apply_rope(k, seer_kernels.gather_rows(cos, index, count), seer_kernels.gather_rows(sin, index, count),
+                       full_precision=rope_full_precision)
     q = apply_rope(q, cos, sin, full_precision=rope_full_precision)
     if taps is not None and taps.keep_kv:
         taps.kv = (k, v)
@@ -173,9 +183,9 @@ def block_forward(
         gate, up = block.mlp_gate_up(block.ffn_norm(hidden))
         ffn = block.mlp_down(swiglu(gate, up, taps))
     else:
-        index = rows.ffn_index(ctx)
-        gate, up = block.mlp_gate_up(block.ffn_norm(seer_kernels.gather_rows(hidden, index, index.numel())))
-        ffn = rows.ffn_output(block.mlp_down(swiglu(gate, up, None)))
+        index, count = rows.ffn_index(ctx)
+        gate, up = block.mlp_gate_up(block.ffn_norm(seer_kernels.gather_rows(hidden, index, count)), count=count)
+        ffn = rows.ffn_output(block.mlp_down(swiglu(gate, up, None), count=count))
     if taps is not None and taps.keep_ffn_out:
         taps.ffn_out = ffn
     return hidden + ffn

@@ -27,7 +27,7 @@ from torch import nn
 
 from seer_runtime.adapter import PaddedLayout, TokenIds
 
-from .common import RMSNorm
+from .common import RMSNorm, linear
 from .decoder import DiffusionDecoder, ModelOutput, config_value, token_ids_from_config
 
 DREAM_TOKEN_IDS = TokenIds(mask=151666, eos=151643, eot=151645, pad=151643, bos=151643)
@@ -108,11 +108,11 @@ class DreamDecoderLayer(nn.Module):
     def project_q(self, x: torch.Tensor) -> torch.Tensor:
         return self.self_attn.q_proj(x).view(*x.shape[:-1], self.n_heads, self.head_dim)
 
-    def project_kv(self, x: torch.Tensor):
+    def project_kv(self, x: torch.Tensor, *, count=None):
         lead = x.shape[:-1]
         at = self.self_attn
-        return (at.k_proj(x).view(*lead, self.n_kv_heads, self.head_dim),
-                at.v_proj(x).view(*lead, self.n_kv_heads, self.head_dim))
+        return (linear(at.k_proj, x, count).view(*lead, self.n_kv_heads, self.head_dim),
+                linear(at.v_proj, x, count).view(*lead, self.n_kv_heads, self.head_dim))
 
     def project_out(self, ctx: torch.Tensor) -> torch.Tensor:
         return self.self_attn.o_proj(ctx)
@@ -120,11 +120,11 @@ class DreamDecoderLayer(nn.Module):
     def ffn_norm(self, x: torch.Tensor) -> torch.Tensor:
         return self.post_attention_layernorm(x)
 
-    def mlp_gate_up(self, h: torch.Tensor):
-        return self.mlp.gate_proj(h), self.mlp.up_proj(h)
+    def mlp_gate_up(self, h: torch.Tensor, *, count=None):
+        return linear(self.mlp.gate_proj, h, count), linear(self.mlp.up_proj, h, count)
 
-    def mlp_down(self, act: torch.Tensor) -> torch.Tensor:
-        return self.mlp.down_proj(act)
+    def mlp_down(self, act: torch.Tensor, *, count=None) -> torch.Tensor:
+        return linear(self.mlp.down_proj, act, count)
 
 
 class DreamBaseModel(nn.Module):

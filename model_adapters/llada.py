@@ -28,6 +28,7 @@ from torch import nn
 
 from seer_runtime.adapter import PaddedLayout, TokenIds
 
+from .common import RMSNorm, linear
 from .decoder import DiffusionDecoder, ModelOutput, config_value, key_mask_from_attention_mask, token_ids_from_config
 
 # LLaDA-8B-Instruct special tokens (tokenizer_config.json; MODELS.md §1.6)
@@ -116,19 +117,19 @@ class LLaDALlamaBlock(nn.Module):
     def project_q(self, x: torch.Tensor) -> torch.Tensor:
         return self.q_proj(x).view(*x.shape[:-1], self.n_heads, self.head_dim)
 
-    def project_kv(self, x: torch.Tensor):
+    def project_kv(self, x: torch.Tensor, *, count=None):
         lead = x.shape[:-1]
-        return (self.k_proj(x).view(*lead, self.n_kv_heads, self.head_dim),
-                self.v_proj(x).view(*lead, self.n_kv_heads, self.head_dim))
+        return (linear(self.k_proj, x, count).view(*lead, self.n_kv_heads, self.head_dim),
+                linear(self.v_proj, x, count).view(*lead, self.n_kv_heads, self.head_dim))
 
     def project_out(self, ctx: torch.Tensor) -> torch.Tensor:
         return self.attn_out(ctx)
 
-    def mlp_gate_up(self, h: torch.Tensor):
-        return self.ff_proj(h), self.up_proj(h)
+    def mlp_gate_up(self, h: torch.Tensor, *, count=None):
+        return linear(self.ff_proj, h, count), linear(self.up_proj, h, count)
 
-    def mlp_down(self, act: torch.Tensor) -> torch.Tensor:
-        return self.ff_out(act)
+    def mlp_down(self, act: torch.Tensor, *, count=None) -> torch.Tensor:
+        return linear(self.ff_out, act, count)
 
     def ffn_norm(self, x: torch.Tensor) -> torch.Tensor:
         return self.ff_norm(x)
@@ -137,8 +138,6 @@ class LLaDALlamaBlock(nn.Module):
 
 
 def _rms(a: LLaDAArgs):
-    from .common import RMSNorm
-
     return RMSNorm(a.d_model, a.rms_norm_eps)
 
 

@@ -32,6 +32,7 @@ from .cosine_saliency import cosine_saliency, cosine_saliency_reference
 from .mlp_sparsity import mlp_sparsity, mlp_sparsity_reference, swiglu_sparsity, swiglu_sparsity_reference
 from .partial_attention import partial_attention, partial_attention_reference
 from .row_gather_scatter import gather_rows, gather_rows_reference, scatter_rows, scatter_rows_reference
+from .row_linear import row_linear, row_linear_reference
 from .slice_repack import slice_repack, slice_repack_reference
 from .slice_repack_control import ControlValues, SliceRepackOutput, slice_repack_buffers, slice_repack_decision
 from .snr_boundary import snr_boundary, snr_boundary_reference
@@ -51,6 +52,8 @@ __all__ = [
     "mlp_sparsity_reference",
     "partial_attention",
     "partial_attention_reference",
+    "row_linear",
+    "row_linear_reference",
     "scatter_rows",
     "scatter_rows_reference",
     "slice_repack",

@@ -132,24 +132,28 @@ class PrefixKV:
 class LayerRows(Protocol):
     """Which rows of a packed forward ``[T, D]`` a layer computes, and how the others are filled.
 
-    DyLLM's sparse steps hand one to the layer through :attr:`Taps.rows`; the block then runs
-    its own sub-steps in this order (``model_adapters.common.block_forward``):
+    DyLLM's sparse steps hand one to the layer through :attr:`Taps.rows`. A row set is a
+    fixed-capacity index buffer (int64 ``[capacity]``, its first ``count`` entries live, the rest
+    any valid row) with ``count`` an int or an int32 ``[1]`` device tensor, so that nothing has to
+    be read on the host. The block runs its own sub-steps in this order
+    (``model_adapters.common.block_forward``):
 
-    1. Q for every row; K and V only for the rows ``kv_index`` (int64 ``[n]``), rotated at
-       their positions;
-    2. ``attend(q [T, H, d], k [n, Hk, d], v [n, Hk, d]) -> ctx [T, H, d]``: the attention
-       core, which may keep cached keys/values for the rows outside ``kv_index``;
+    1. Q for every row; K and V only for the row set ``(kv_index, kv_count)``, rotated at their
+       positions (``[capacity, Hk, d]``, rows past the count zero);
+    2. ``attend(q [T, H, d], k, v) -> ctx [T, H, d]``: the attention core, which may keep cached
+       keys/values for the rows outside the set;
     3. the output projection and the residual for every row;
-    4. ``ffn_index(ctx [T, H*d]) -> int64 [m]``: the rows whose FFN is computed;
-    5. ``ffn_output(out [m, D]) -> [T, D]``: the FFN output of every row (the computed ones,
-       and cached outputs for the rest), added to the residual.
+    4. ``ffn_index(ctx [T, H*d]) -> (index, count)``: the row set whose FFN is computed;
+    5. ``ffn_output(out [capacity, D]) -> [T, D]``: the FFN output of every row (the computed
+       ones, and cached outputs for the rest), added to the residual.
     """
 
     kv_index: torch.Tensor
+    kv_count: int | torch.Tensor
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...
 
-    def ffn_index(self, ctx: torch.Tensor) -> torch.Tensor: ...
+    def ffn_index(self, ctx: torch.Tensor) -> tuple[torch.Tensor, int | torch.Tensor]: ...
 
     def ffn_output(self, out: torch.Tensor) -> torch.Tensor: ...
 
@@ -197,16 +201,17 @@ class TransformerBlock(Protocol):
 
     def project_q(self, x: torch.Tensor) -> torch.Tensor: ...
 
-    def project_kv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def project_kv(self, x: torch.Tensor, *, count=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """With ``count``, only the first ``count`` rows are computed (the rest zero)."""
 
     def project_out(self, ctx: torch.Tensor) -> torch.Tensor:
         """``[..., H * d] -> [..., D]``."""
 
     def ffn_norm(self, x: torch.Tensor) -> torch.Tensor: ...
 
-    def mlp_gate_up(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def mlp_gate_up(self, x: torch.Tensor, *, count=None) -> tuple[torch.Tensor, torch.Tensor]: ...
 
-    def mlp_down(self, act: torch.Tensor) -> torch.Tensor: ...
+    def mlp_down(self, act: torch.Tensor, *, count=None) -> torch.Tensor: ...
 
 
 @runtime_checkable

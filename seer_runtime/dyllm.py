@@ -26,7 +26,7 @@ Measurements: bench/RESULTS.md ("DyLLM").
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -107,37 +107,60 @@ class DyLLMConfig(StoredConfig):
 
 # ------------------------------------------------------------------------------------ per forward
 @dataclass
+class SparseMaps:
+    """Index maps of a sparse forward's fed rows packed back to back, from host lengths alone;
+    built once per layout (rows, window lengths, what is fed) and reused by every step with it.
+
+    Queries (the real fed rows, row-major; ``num_queries`` of them): ``query_src`` flat index into
+    the fed hidden ``[R * Lq]``, ``query_row`` the local row, ``query_cache`` the flat index into a
+    cache ``[B * Lc]``, ``query_key`` the packed key row of the query's own key. Keys: cache keys
+    ``cache_key_src`` -> packed row ``cache_key_dst``; prefix keys ``(prefix_key_row,
+    prefix_key_pos)`` -> ``prefix_key_dst``. ``cu_q`` / ``cu_k`` int32 prefix sums, ``max_q`` /
+    ``max_k`` / ``num_keys`` host ints, ``queries_per_request`` / ``keys_per_request`` float64
+    ``[R]``, ``positions`` the packed RoPE positions and ``rope`` their cos/sin."""
+
+    num_queries: int
+    query_src: torch.Tensor
+    query_row: torch.Tensor
+    query_cache: torch.Tensor
+    query_key: torch.Tensor
+    cu_q: torch.Tensor
+    cu_k: torch.Tensor
+    max_q: int
+    max_k: int
+    num_keys: int
+    cache_key_src: torch.Tensor
+    cache_key_dst: torch.Tensor
+    prefix_key_row: torch.Tensor | None
+    prefix_key_pos: torch.Tensor | None
+    prefix_key_dst: torch.Tensor | None
+    queries_per_request: torch.Tensor
+    keys_per_request: torch.Tensor
+    positions: torch.Tensor
+    rope: tuple[torch.Tensor, torch.Tensor]
+    slots: torch.Tensor  # arange(num_queries): the fixed-capacity row sets' slot numbers
+
+
+@dataclass
 class SparseForward:
     """One forward as DyLLM runs it: ``mode`` "full" (warm-up or rebuild), "prompt" (sparse,
-    prompt fed) or "response" (sparse, window only), and for a sparse one the index maps of its
-    real fed rows packed back to back (built once per forward)."""
+    prompt fed) or "response" (sparse, window only). A sparse one holds its ``maps``, the current
+    gating set as a fixed-capacity row set (``gate`` int64 ``[num_queries]``, its first
+    ``gate_count`` entries live, ``gate_count`` an int32 ``[1]`` device tensor: no host read), and
+    its per-layer statistics on the device (``layer_stats`` float64 ``[layers, 5]``: gating,
+    salient, union, exact-attention rows, multiply-accumulates)."""
 
     rows: list[int]
     index: torch.Tensor
     step: int
     mode: str
     offset: int = 0  # fed prompt positions before the window
-    num_queries: int = 0  # packed query rows (the real fed rows, row-major)
-    query_src: torch.Tensor | None = None  # int64 [Tq]: flat index into the fed hidden [R * Lq]
-    query_row: torch.Tensor | None = None  # int64 [Tq]: local row of each query
-    query_cache: torch.Tensor | None = None  # int64 [Tq]: flat index into a cache [B * Lc]
-    query_key: torch.Tensor | None = None  # int64 [Tq]: packed key row of each query's own key
-    cu_q: torch.Tensor | None = None
-    cu_k: torch.Tensor | None = None
-    max_q: int = 0
-    max_k: int = 0
-    num_keys: int = 0
-    cache_key_src: torch.Tensor | None = None  # cache keys: flat cache index -> packed key row cache_key_dst
-    cache_key_dst: torch.Tensor | None = None
-    prefix_key_row: torch.Tensor | None = None  # prefix keys (row, position) -> packed key row prefix_key_dst
-    prefix_key_pos: torch.Tensor | None = None
-    prefix_key_dst: torch.Tensor | None = None
+    maps: SparseMaps | None = None
     prefix: PrefixKV | None = None
-    gate: torch.Tensor | None = None  # int64 ascending packed query rows: the current gating set
-    queries_per_request: torch.Tensor | None = None  # float64 [R]
-    keys_per_request: torch.Tensor | None = None  # float64 [R]
+    gate: torch.Tensor | None = None
+    gate_count: torch.Tensor | None = None
     padded_input: torch.Tensor | None = None  # the forward's padded hidden state before packing
-    record: dict = field(default_factory=dict)
+    layer_stats: torch.Tensor | None = None
 
 
 class DyLLMPolicy(DecodePolicy):
@@ -170,6 +193,7 @@ class DyLLMPolicy(DecodePolicy):
                      "Hkd": model.num_kv_heads * model.head_dim, "I": model.intermediate_size}
         self.records: list[dict] = []
         self.current: SparseForward | None = None
+        self._maps: tuple[tuple, SparseMaps] | None = None  # one layout at a time: it changes rarely
 
     # -- engine fixed points -------------------------------------------------------------------
     def plan_forward(self, run: DecodeRun, fwd: Forward) -> None:
@@ -192,13 +216,14 @@ class DyLLMPolicy(DecodePolicy):
         plan.offset = fwd.offset
         if plan.mode == "sparse":
             plan.mode = "prompt" if fwd.offset else "response"
-        self._plan_sparse(run, plan, fwd)
+        maps = plan.maps = self._sparse_maps(run, plan, fwd)
+        self._first_gate(run, plan, fwd)
+        plan.layer_stats = torch.zeros(run.num_layers, 5, dtype=torch.float64, device=run.device)
         rows, length, dim = fwd.hidden.shape
         plan.padded_input = fwd.hidden
-        fwd.hidden = fwd.hidden.reshape(rows * length, dim).index_select(0, plan.query_src)
-        positions = fwd.layout.positions.reshape(-1)[plan.query_src]
-        fwd.layout = PackedLayout(positions, plan.cu_q, plan.cu_k, plan.max_q, plan.max_k)
-        fwd.rope = run.model.rope(positions)
+        fwd.hidden = fwd.hidden.reshape(rows * length, dim).index_select(0, maps.query_src)
+        fwd.layout = PackedLayout(maps.positions, maps.cu_q, maps.cu_k, maps.max_q, maps.max_k)
+        fwd.rope = maps.rope
         plan.prefix, fwd.prefix = fwd.prefix, None  # the sparse layers read the prefix themselves
 
     def layer_taps(self, run: DecodeRun, fwd: Forward, layer: int, taps: Taps) -> None:
@@ -223,7 +248,7 @@ class DyLLMPolicy(DecodePolicy):
         plan, self.current = self.current, None
         if plan.mode != "full":  # back to the padded layout: pad rows pass through unchanged
             out = plan.padded_input.clone(memory_format=torch.contiguous_format)
-            out.view(-1, out.shape[-1]).index_copy_(0, plan.query_src, fwd.hidden)
+            out.view(-1, out.shape[-1]).index_copy_(0, plan.maps.query_src, fwd.hidden)
             fwd.hidden = out
         if run.logits_shift and not run.prefix_cache:
             if fwd.offset > 0:
@@ -260,13 +285,24 @@ class DyLLMPolicy(DecodePolicy):
         return caches[i]
 
     # -- the sparse forward's index maps -----------------------------------------------------------
-    def _plan_sparse(self, run: DecodeRun, plan: SparseForward, fwd: Forward) -> None:
-        """Index maps of a sparse forward: real fed rows packed, keys packed per request."""
+    def _sparse_maps(self, run: DecodeRun, plan: SparseForward, fwd: Forward) -> SparseMaps:
+        """The index maps of this forward's layout, from the cache when the layout is the last one's."""
+        prefix = fwd.prefix
+        key = (tuple(plan.rows), tuple(run.window[r] for r in plan.rows), fwd.width, plan.offset,
+               self.cached_prompt + self.capacity, prefix is not None)
+        if self._maps is None or self._maps[0] != key:
+            self._maps = (key, self._build_maps(run, plan, fwd))
+        return self._maps[1]
+
+    def _build_maps(self, run: DecodeRun, plan: SparseForward, fwd: Forward) -> SparseMaps:
+        """Real fed rows packed, keys packed per request; every size is known on the host."""
         dev = run.device
         R = len(plan.rows)
         index = plan.index
         width = fwd.width
         pre, lc = self.cached_prompt, self.cached_prompt + self.capacity
+        lengths = [run.window[r] for r in plan.rows]
+        prompts = [run.prompt_lengths[r] for r in plan.rows]
         live = run.window.live_mask(index, width)
         pmask = None
         if pre or plan.offset:
@@ -277,58 +313,68 @@ class DyLLMPolicy(DecodePolicy):
         shift = pre - plan.offset  # cache coordinate of fed coordinate p is p + shift
         kc = torch.cat([pmask, live], dim=1) if pre else live  # real cache keys, coordinates [0, pre + width)
         lk = kc.shape[1]
-        prefix = fwd.prefix
-        if prefix is not None:
-            kp = prefix.key_mask if prefix.key_mask is not None else torch.ones(
-                R, prefix.length, dtype=torch.bool, device=dev)
-            np_r = kp.sum(1)
-        else:
-            kp, np_r = None, torch.zeros(R, dtype=torch.long, device=dev)
-        nk_r = np_r + kc.sum(1)
-        nq_r = fed.sum(1)
-        zero = torch.zeros(1, dtype=torch.long, device=dev)
-        cu_k = torch.cat([zero, nk_r.cumsum(0)])
-        cu_q = torch.cat([zero, nq_r.cumsum(0)])
+        fed_per_request = [n + (p if plan.offset else 0) for n, p in zip(lengths, prompts)]
+        cache_keys_per_request = [n + (p if pre else 0) for n, p in zip(lengths, prompts)]
+        prefix_per_request = prompts if fwd.prefix is not None else [0] * R
+        keys_per_request = [c + p for c, p in zip(cache_keys_per_request, prefix_per_request)]
+        tq, tk = sum(fed_per_request), sum(keys_per_request)
+        up = run.device_tensor
+        cu_k = up([0, *_cumsum(keys_per_request)])
+        np_r = up(prefix_per_request)
         pk_map = cu_k[:-1, None] + np_r[:, None] + kc.long().cumsum(1) - 1  # [R, lk] packed key row
-        q_src = fed.reshape(-1).nonzero().squeeze(1)
+        q_src = torch.nonzero_static(fed.reshape(-1), size=tq).squeeze(1)
         q_row, q_pos = q_src // lq, q_src % lq
-        plan.query_src, plan.query_row = q_src, q_row
-        plan.query_cache = index[q_row] * lc + q_pos + shift
-        plan.query_key = pk_map[q_row, q_pos + shift]
-        plan.num_queries = int(q_src.numel())
-        kc_flat = kc.reshape(-1).nonzero().squeeze(1)
+        kc_flat = torch.nonzero_static(kc.reshape(-1), size=sum(cache_keys_per_request)).squeeze(1)
         kr, kj = kc_flat // lk, kc_flat % lk
-        plan.cache_key_src = index[kr] * lc + kj
-        plan.cache_key_dst = pk_map[kr, kj]
-        if kp is not None:
-            kp_flat = kp.reshape(-1).nonzero().squeeze(1)
-            plan.prefix_key_row, plan.prefix_key_pos = kp_flat // kp.shape[1], kp_flat % kp.shape[1]
-            plan.prefix_key_dst = cu_k[plan.prefix_key_row] + kp.long().cumsum(1)[plan.prefix_key_row,
-                                                                                  plan.prefix_key_pos] - 1
-        plan.cu_q, plan.cu_k = cu_q.to(torch.int32), cu_k.to(torch.int32)
-        plan.max_q, plan.max_k = int(nq_r.max()), int(nk_r.max())
-        plan.num_keys = int(cu_k[-1])
-        plan.queries_per_request, plan.keys_per_request = nq_r.double(), nk_r.double()
-        # layer 0's gating set: the positions committed since the request's previous forward
-        if self.tau > 1:
-            plan.gate = torch.arange(plan.num_queries, device=dev)
-        else:
-            qmap = torch.full((R * lq,), -1, dtype=torch.long, device=dev)
-            qmap[q_src] = torch.arange(plan.num_queries, device=dev)
-            win = run.tokens[index, :width]
-            mask_id = run.token_ids.mask
-            committed = (self.snapshot[index, :width] == mask_id) & (win != mask_id) & live
-            plan.gate = qmap.view(R, lq)[:, plan.offset:][committed]
-        plan.record = {"fed": plan.num_queries, "gating": [], "salient": [], "union": [], "exact": [], "macs": 0.0}
+        kp_row = kp_pos = kp_dst = None
+        if fwd.prefix is not None:
+            kp = fwd.prefix.key_mask if fwd.prefix.key_mask is not None else torch.ones(
+                R, fwd.prefix.length, dtype=torch.bool, device=dev)
+            kp_flat = torch.nonzero_static(kp.reshape(-1), size=sum(prefix_per_request)).squeeze(1)
+            kp_row, kp_pos = kp_flat // kp.shape[1], kp_flat % kp.shape[1]
+            kp_dst = cu_k[kp_row] + kp.long().cumsum(1)[kp_row, kp_pos] - 1
+        positions = fwd.layout.positions.reshape(-1)[q_src]
+        return SparseMaps(
+            num_queries=tq, query_src=q_src, query_row=q_row, query_cache=index[q_row] * lc + q_pos + shift,
+            query_key=pk_map[q_row, q_pos + shift], cu_q=up([0, *_cumsum(fed_per_request)], torch.int32),
+            cu_k=up([0, *_cumsum(keys_per_request)], torch.int32), max_q=max(fed_per_request),
+            max_k=max(keys_per_request), num_keys=tk, cache_key_src=index[kr] * lc + kj, cache_key_dst=pk_map[kr, kj],
+            prefix_key_row=kp_row, prefix_key_pos=kp_pos, prefix_key_dst=kp_dst,
+            queries_per_request=up(fed_per_request, torch.float64), keys_per_request=up(keys_per_request,
+                                                                                       torch.float64),
+            positions=positions, rope=run.model.rope(positions), slots=torch.arange(tq, device=dev))
 
-    def pack(self, cache: torch.Tensor, prefix: torch.Tensor | None, plan: SparseForward) -> torch.Tensor:
+    def _first_gate(self, run: DecodeRun, plan: SparseForward, fwd: Forward) -> None:
+        """Layer 0's gating set: the positions committed since each request's previous forward
+        (every fed row when ``tau > 1``), as a row set of capacity ``num_queries``."""
+        maps = plan.maps
+        tq = maps.num_queries
+        if self.tau > 1:
+            plan.gate = maps.slots
+            plan.gate_count = torch.full((1,), tq, dtype=torch.int32, device=run.device)
+            return
+        R, width = len(plan.rows), fwd.width
+        lq = plan.offset + width
+        qmap = torch.full((R * lq,), -1, dtype=torch.long, device=run.device)
+        qmap[maps.query_src] = maps.slots
+        win = run.tokens[plan.index, :width]
+        mask_id = run.token_ids.mask
+        committed = (self.snapshot[plan.index, :width] == mask_id) & (win != mask_id)
+        committed &= run.window.live_mask(plan.index, width)
+        flat = torch.zeros(R, lq, dtype=torch.bool, device=run.device)
+        flat[:, plan.offset:] = committed
+        where = torch.nonzero_static(flat.reshape(-1), size=tq, fill_value=0).squeeze(1)
+        plan.gate = qmap[where].clamp(min=0)  # slots past the count: row 0, never read as live
+        plan.gate_count = committed.sum().reshape(1).to(torch.int32)
+
+    def pack(self, cache: torch.Tensor, prefix: torch.Tensor | None, maps: SparseMaps) -> torch.Tensor:
         """Keys (or values) of the forward packed per request: ``[prefix keys, cache keys]``."""
-        part = cache.view(-1, *cache.shape[2:]).index_select(0, plan.cache_key_src)
+        part = cache.view(-1, *cache.shape[2:]).index_select(0, maps.cache_key_src)
         if prefix is None:
             return part  # no prefix: the cache keys are the packed keys, in order
-        out = part.new_empty((plan.num_keys, *part.shape[1:]))
-        out.index_copy_(0, plan.cache_key_dst, part)
-        out.index_copy_(0, plan.prefix_key_dst, prefix[plan.prefix_key_row, :, plan.prefix_key_pos])
+        out = part.new_empty((maps.num_keys, *part.shape[1:]))
+        out.index_copy_(0, maps.cache_key_dst, part)
+        out.index_copy_(0, maps.prefix_key_dst, prefix[maps.prefix_key_row, :, maps.prefix_key_pos])
         return out
 
     # -- statistics ----------------------------------------------------------------------------
@@ -343,57 +389,70 @@ class DyLLMPolicy(DecodePolicy):
             total += n * per_row + 2.0 * n * nk * d["Hd"]
         return total
 
-    def account(self, plan: SparseForward, gate: torch.Tensor, salient: torch.Tensor, exact: torch.Tensor) -> None:
-        """One sparse layer's counts and ideal multiply-accumulates, into ``plan.record``."""
-        d = self.dims
+    def account(self, plan: SparseForward, layer: int, gate: torch.Tensor, gate_count: torch.Tensor,
+                salient: torch.Tensor, salient_count: torch.Tensor, exact: torch.Tensor) -> None:
+        """One sparse layer's counts and ideal multiply-accumulates, on the device (``plan.layer_stats``)."""
+        d, maps = self.dims, plan.maps
         R = len(plan.rows)
-        a_r = torch.bincount(plan.query_row.index_select(0, gate), minlength=R).double()
-        b_r = torch.bincount(plan.query_row.index_select(0, salient), minlength=R).double()
-        e_r = torch.bincount(plan.query_row[exact], minlength=R).double()
-        nq, nk = plan.queries_per_request, plan.keys_per_request
+        live_a = (maps.slots < gate_count).double()
+        live_b = (maps.slots < salient_count).double()
+        zeros = torch.zeros(R, dtype=torch.float64, device=gate.device)
+        a_r = zeros.index_add(0, maps.query_row.index_select(0, gate), live_a)
+        b_r = zeros.index_add(0, maps.query_row.index_select(0, salient), live_b)
+        e_r = zeros.index_add(0, maps.query_row, exact.double())
+        nq, nk = maps.queries_per_request, maps.keys_per_request
         approx_cost = 3 if self.config.attention_mode == "partial" else 1
         macs = (nq * (2 * d["D"] * d["Hd"]) + a_r * (2 * d["D"] * d["Hkd"]) + b_r * (3 * d["D"] * d["I"])
                 + nq * nk * d["Hd"]  # QK^T: every (query, key) pair, the softmax normaliser needs them all
                 + (e_r * nk + (nq - e_r) * a_r * approx_cost) * d["Hd"])  # P @ V for exact rows, P[:, A] @ dV
         # for the others (the key correction adds their scores against A's old keys and a P[:, A] @ V_old)
-        union = torch.zeros(plan.num_queries, dtype=torch.bool, device=gate.device)
-        union[gate] = True
-        union[salient] = True
-        rec = plan.record
-        rec["gating"].append(int(gate.numel()))
-        rec["salient"].append(int(salient.numel()))
-        rec["union"].append(int(union.sum()))
-        rec["exact"].append(int(exact.sum()))
-        rec["macs"] += float(macs.sum())
+        union = _row_set_mask(gate, gate_count, maps.num_queries) | _row_set_mask(salient, salient_count,
+                                                                                   maps.num_queries)
+        plan.layer_stats[layer] = torch.stack([live_a.sum(), live_b.sum(), union.double().sum(),
+                                               exact.double().sum(), macs.sum()])
 
     def _finish(self, run: DecodeRun, plan: SparseForward) -> None:
         rows, layers = plan.rows, run.num_layers
         dense = self.dense_macs(run, rows) * layers
         dense_tokens = sum(run.window[b] + (0 if run.prefix_cache else run.prompt_lengths[b]) for b in rows)
+        record = {"step": plan.step, "mode": plan.mode, "rows": len(rows), "dense_macs": dense,
+                  "tokens_dense": dense_tokens * layers}
         if plan.mode == "full":
-            n = dense_tokens
-            rec = {"fed": n, "gating": [n] * layers, "salient": [n] * layers, "union": [n] * layers,
-                   "exact": [n] * layers, "macs": dense}
             for b in rows:
                 self.dense_forwards[b] += 1
                 self.valid[b] = run.window[b]
+            record.update(fed=dense_tokens, layer_stats=None)
         else:
-            rec = plan.record
-        fed = rec["fed"]
-        self.records.append({
-            "step": plan.step, "mode": plan.mode, "rows": len(rows), "fed": fed,
-            "salient_fraction": [s / fed if fed else 0.0 for s in rec["salient"]],
-            "gating": rec["gating"],
-            "attn_exact": rec["exact"], "attn_approx": [fed - e for e in rec["exact"]],
-            "ffn_computed": rec["salient"], "ffn_skipped": [fed - s for s in rec["salient"]],
-            "tokens_computed": sum(rec["union"]), "tokens_dense": dense_tokens * layers,
-            "macs": rec["macs"], "dense_macs": dense,
-        })
+            record.update(fed=plan.maps.num_queries, layer_stats=plan.layer_stats)  # read once, in stats()
+        self.records.append(record)
         self.snapshot[plan.index] = run.tokens[plan.index]
 
     def stats(self, run: DecodeRun) -> dict:
-        """Totals over the run plus the per-forward records (see the module docstring)."""
-        recs, layers = self.records, run.num_layers
+        """Totals over the run plus one record per forward (see the module docstring); the
+        per-layer counts the sparse forwards kept on the device are read here, once."""
+        layers = run.num_layers
+        sparse_stats = [r["layer_stats"] for r in self.records if r["layer_stats"] is not None]
+        read = torch.stack(sparse_stats).tolist() if sparse_stats else []
+        recs, k = [], 0
+        for r in self.records:
+            fed = r["fed"]
+            if r["layer_stats"] is None:
+                gating = salient = union = exact = [fed] * layers
+                macs = r["dense_macs"]
+            else:
+                per_layer = read[k]
+                k += 1
+                gating, salient, union, exact = ([int(row[j]) for row in per_layer] for j in range(4))
+                macs = sum(row[4] for row in per_layer)
+            recs.append({
+                "step": r["step"], "mode": r["mode"], "rows": r["rows"], "fed": fed,
+                "salient_fraction": [x / fed if fed else 0.0 for x in salient],
+                "gating": gating,
+                "attn_exact": exact, "attn_approx": [fed - e for e in exact],
+                "ffn_computed": salient, "ffn_skipped": [fed - x for x in salient],
+                "tokens_computed": sum(union), "tokens_dense": r["tokens_dense"],
+                "macs": macs, "dense_macs": r["dense_macs"],
+            })
         sparse = [r for r in recs if r["mode"] != "full"]
         fed = sum(r["fed"] for r in sparse)
         per_layer = [sum(r["ffn_computed"][layer] for r in sparse) / fed if fed else None for layer in range(layers)]
@@ -419,60 +478,77 @@ class DyLLMPolicy(DecodePolicy):
         }
 
 
+def _cumsum(values: list[int]) -> list[int]:
+    out, total = [], 0
+    for v in values:
+        total += v
+        out.append(total)
+    return out
+
+
+def _row_set_mask(index: torch.Tensor, count: torch.Tensor, n: int) -> torch.Tensor:
+    """bool ``[n]``: the rows named by the first ``count`` slots of ``index`` (no host read)."""
+    slots = torch.arange(index.shape[0], device=index.device)
+    target = torch.where(slots < count, index, n)
+    return torch.zeros(n + 1, dtype=torch.bool, device=index.device).index_fill_(0, target, True)[:n]
+
+
 class SparseLayer:
     """One layer of a sparse forward (``adapter.LayerRows``): the gating set's K/V into the
-    caches, partial (or exact) attention, the salient set, and the FFN of the salient rows."""
+    caches, partial (or exact) attention, the salient set, and the FFN of the salient rows. Row
+    sets are fixed-capacity index buffers with a device count, so nothing is read on the host."""
 
     def __init__(self, policy: DyLLMPolicy, run: DecodeRun, plan: SparseForward, layer: int) -> None:
         self.policy, self.run, self.plan, self.layer = policy, run, plan, layer
-        self.kv_index = plan.gate
+        self.kv_index, self.kv_count = plan.gate, plan.gate_count
         self._context_before: torch.Tensor | None = None
         self._exact: torch.Tensor | None = None
-        self._salient: torch.Tensor | None = None
+        self._salient: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         policy, plan, i = self.policy, self.plan, self.layer
-        gate, n_a, num_q = plan.gate, plan.gate.numel(), plan.num_queries
+        maps = plan.maps
+        gate, count, num_q = plan.gate, plan.gate_count, maps.num_queries
         key_cache = policy.keys[i].view(-1, *policy.keys[i].shape[2:])
         value_cache = policy.values[i].view(-1, *policy.values[i].shape[2:])
-        at = plan.query_cache.index_select(0, gate)
-        dv = v - gather_rows(value_cache, at, n_a)
+        at = maps.query_cache.index_select(0, gate)
+        dv = v - gather_rows(value_cache, at, count)
         # the salient rows' keys before the update (the key-corrected partial attention)
-        k_old = gather_rows(key_cache, at, n_a) if policy.config.attention_mode == "partial" else None
-        scatter_rows(key_cache, at, n_a, k)
-        scatter_rows(value_cache, at, n_a, v)
+        k_old = gather_rows(key_cache, at, count) if policy.config.attention_mode == "partial" else None
+        scatter_rows(key_cache, at, count, k)
+        scatter_rows(value_cache, at, count, v)
         prefix_k = prefix_v = None
         if plan.prefix is not None:
             prefix_k, prefix_v = plan.prefix.keys[i], plan.prefix.values[i]
-        keys, values = policy.pack(policy.keys[i], prefix_k, plan), policy.pack(policy.values[i], prefix_v, plan)
+        keys, values = policy.pack(policy.keys[i], prefix_k, maps), policy.pack(policy.values[i], prefix_v, maps)
         contexts = policy.contexts[i].view(-1, policy.contexts[i].shape[-1])
-        self._context_before = contexts.index_select(0, plan.query_cache)  # [Tq, H*d]
+        self._context_before = contexts.index_select(0, maps.query_cache)  # [Tq, H*d]
         heads, d = q.shape[1], q.shape[2]
         if policy.config.approx_attention:
-            exact = torch.zeros(num_q, dtype=torch.bool, device=q.device)
-            exact[gate] = True
-            key_rows = plan.query_key.index_select(0, gate)
+            exact = _row_set_mask(gate, count, num_q)
+            key_rows = maps.query_key.index_select(0, gate).to(torch.int32)
             cached = self._context_before.view(num_q, heads, d)
-            ctx = partial_attention(q, keys, values, cached, dv, plan.cu_q, plan.cu_k, plan.max_q, plan.max_k,
-                                    exact, key_rows.to(torch.int32), n_a, k_old=k_old)
+            ctx = partial_attention(q, keys, values, cached, dv, maps.cu_q, maps.cu_k, maps.max_q, maps.max_k,
+                                    exact, key_rows, count, k_old=k_old)
         else:
             exact = torch.ones(num_q, dtype=torch.bool, device=q.device)
-            ctx = varlen_attention(q, keys, values, plan.cu_q, plan.cu_k, plan.max_q, plan.max_k)
+            ctx = varlen_attention(q, keys, values, maps.cu_q, maps.cu_k, maps.max_q, maps.max_k)
         self._exact = exact
         return ctx
 
-    def ffn_index(self, ctx: torch.Tensor) -> torch.Tensor:
+    def ffn_index(self, ctx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         policy, plan, i = self.policy, self.plan, self.layer
         index, count, _ = cosine_saliency(ctx, self._context_before, policy.tau)
-        self._salient = index[: int(count)].long()
-        policy.contexts[i].view(-1, policy.contexts[i].shape[-1]).index_copy_(0, plan.query_cache, ctx)
+        self._salient = (index.clamp(min=0).long(), count)  # slots past the count: row 0, never live
+        policy.contexts[i].view(-1, policy.contexts[i].shape[-1]).index_copy_(0, plan.maps.query_cache, ctx)
         return self._salient
 
     def ffn_output(self, out: torch.Tensor) -> torch.Tensor:
         policy, plan, i = self.policy, self.plan, self.layer
+        maps = plan.maps
         ffn_cache = policy.ffn_outputs[i].view(-1, policy.ffn_outputs[i].shape[-1])
-        salient = self._salient
-        scatter_rows(ffn_cache, plan.query_cache.index_select(0, salient), salient.numel(), out)
-        policy.account(plan, plan.gate, salient, self._exact)
-        plan.gate = salient  # the salient set gates the next layer
-        return ffn_cache.index_select(0, plan.query_cache)
+        salient, count = self._salient
+        scatter_rows(ffn_cache, maps.query_cache.index_select(0, salient), count, out)
+        policy.account(plan, i, plan.gate, plan.gate_count, salient, count, self._exact)
+        plan.gate, plan.gate_count = salient, count  # the salient set gates the next layer
+        return ffn_cache.index_select(0, maps.query_cache)

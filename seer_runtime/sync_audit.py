@@ -50,10 +50,20 @@ _FROM_DATA = {"tensor", "as_tensor", "asarray"}
 
 @dataclass
 class SyncEvent:
-    kind: str  # "read", "copy", "async_read" or "async_copy"
-    what: str  # the op or method
-    ranges: tuple[str, ...]
+    """kind: "read", "copy", "async_read" or "async_copy"; what: the op or method; ranges: the open
+    ranges, outermost first, each as (name, ordinal of its entry: 0 for the first ``step``, ...)."""
+
+    kind: str
+    what: str
+    ranges: tuple[tuple[str, int], ...]
     stack: str | None = None
+
+    def ordinal(self, name: str) -> int | None:
+        """Which entry of range ``name`` this happened in (None: outside every one)."""
+        return next((i for n, i in reversed(self.ranges) if n == name), None)
+
+    def inside(self, name: str) -> bool:
+        return self.ordinal(name) is not None
 
 
 @dataclass
@@ -82,18 +92,18 @@ class SyncAudit:
 
     def __post_init__(self) -> None:
         self._host: dict[int, weakref.ref] = {}  # id -> the host tensor (identity, not equality)
-        self._stack: list[str] = []
+        self._stack: list[tuple[str, int]] = []
         self._function_mode = _FunctionMode(self)
         self._dispatch_mode = _DispatchMode(self)
         self._observe = None
 
     # -- ranges ---------------------------------------------------------------------------------
     def enter(self, name: str) -> None:
-        self._stack.append(name)
+        self._stack.append((name, self.ranges[name]))
         self.ranges[name] += 1
 
     def exit(self, name: str) -> None:
-        if self._stack and self._stack[-1] == name:
+        if self._stack and self._stack[-1][0] == name:
             self._stack.pop()
 
     def __enter__(self) -> SyncAudit:
@@ -118,7 +128,7 @@ class SyncAudit:
         return ref is not None and ref() is t
 
     def _count(self, kind: str, what: str) -> None:
-        where = self._stack[-1] if self._stack else ""
+        where = self._stack[-1][0] if self._stack else ""
         attr = {"read": "reads", "copy": "copies", "async_read": "async_reads", "async_copy": "async_copies"}[kind]
         for c in (self.total, self.counts.setdefault(where, SyncCounts())):
             setattr(c, attr, getattr(c, attr) + 1)

@@ -215,30 +215,34 @@ def test_sparse_layer_matches_a_per_request_oracle(kind, period, mode, monkeypat
         if sparse is None:  # a warm-up layer
             return original_layer(i, hidden, layout, rope=rope, prefix=prefix, taps=taps)
         run, policy, fw = sparse.run, sparse.policy, sparse.plan
-        padded = fw.padded_input
+        maps, padded = fw.maps, fw.padded_input
         dim, lq = padded.shape[-1], padded.shape[1]
 
         def unpack(rows):  # the packed rows of the forward in its padded layout (pad rows: the input)
             out = padded.clone()
-            out.view(-1, dim).index_copy_(0, fw.query_src, rows)
+            out.view(-1, dim).index_copy_(0, maps.query_src, rows)
             return out
 
+        def live(index, count):  # a fixed-capacity row set's live rows
+            return index[: int(count)]
+
+        gate_in = live(fw.gate, fw.gate_count)
         if i == 0:  # layer 0's gating set: the positions committed since the previous forward
             mask_id = run.token_ids.mask
-            got = {(int(r), int(c)) for r, c in zip(fw.query_row[fw.gate], fw.query_src[fw.gate] % lq)}
+            got = {(int(r), int(c)) for r, c in zip(maps.query_row[gate_in], maps.query_src[gate_in] % lq)}
             want = {(r, fw.offset + p) for r, b in enumerate(fw.rows)
                     for p in ((state["prev"][b] == mask_id) & (run.tokens[b] != mask_id)).nonzero().flatten().tolist()
                     if p < run.window[b]}
             assert got == want and want
-        qrow = fw.query_row
-        starts = fw.cu_q[:-1].long()
-        gate = [(fw.gate[qrow[fw.gate] == r] - starts[r]).tolist() for r in range(len(fw.rows))]
+        qrow = maps.query_row
+        starts = maps.cu_q[:-1].long()
+        gate = [(gate_in[qrow[gate_in] == r] - starts[r]).tolist() for r in range(len(fw.rows))]
         caches = [t[i].clone() for t in (policy.keys, policy.values, policy.contexts, policy.ffn_outputs)]
         want = oracle_layer(run, policy, i, unpack(hidden), caches, gate, fw.offset, fw.rows, fw.prefix, tau, mode)
-        n_in = fw.gate.numel()
+        n_in = gate_in.numel()
         got = original_layer(i, hidden, layout, rope=rope, prefix=prefix, taps=taps)
-        seen.append((fw.mode, unpack(got), want, n_in, fw.gate.clone(), qrow, starts, [t[i].clone() for t in (
-            policy.keys, policy.values, policy.contexts, policy.ffn_outputs)]))
+        seen.append((fw.mode, unpack(got), want, n_in, live(fw.gate, fw.gate_count).clone(), qrow, starts,
+                     [t[i].clone() for t in (policy.keys, policy.values, policy.contexts, policy.ffn_outputs)]))
         return got
 
     monkeypatch.setattr(DecodeRun, "forward", forward)
@@ -339,21 +343,25 @@ def test_the_three_attention_modes(kind):
 def test_the_key_correction_is_counted_in_the_ideal_flops():
     """Per approximated (row, salient key) pair: one P[:, A] dV product (the paper), three with the
     key correction (scores against the old keys, one more P[:, A] product); the rest is equal."""
+    from types import SimpleNamespace
+
     fw = SparseForward(rows=[0], index=torch.tensor([0]), step=5, mode="response")
-    fw.query_row, fw.num_queries = torch.zeros(6, dtype=torch.long), 6
-    fw.queries_per_request = torch.tensor([6.0], dtype=torch.float64)
-    fw.keys_per_request = torch.tensor([10.0], dtype=torch.float64)
-    gate, sal = torch.tensor([1, 4]), torch.tensor([4])
+    fw.maps = SimpleNamespace(query_row=torch.zeros(6, dtype=torch.long), num_queries=6, slots=torch.arange(6),
+                              queries_per_request=torch.tensor([6.0], dtype=torch.float64),
+                              keys_per_request=torch.tensor([10.0], dtype=torch.float64))
+    # row sets of capacity 6: the gating set {1, 4}, the salient set {4} (slots past the count: row 0)
+    gate, sal = torch.tensor([1, 4, 0, 0, 0, 0]), torch.tensor([4, 0, 0, 0, 0, 0])
     exact = torch.zeros(6, dtype=torch.bool)
-    exact[gate] = True
+    exact[torch.tensor([1, 4])] = True
     dims = {"D": 8, "Hd": 8, "Hkd": 8, "I": 16}
     macs = {}
     for mode in ("partial", "paper"):
-        fw.record = {"gating": [], "salient": [], "union": [], "exact": [], "macs": 0.0}
+        fw.layer_stats = torch.zeros(1, 5, dtype=torch.float64)
         policy = DyLLMPolicy(DyLLMConfig(**ATTENTION_MODES[mode]))
         policy.dims = dims
-        policy.account(fw, gate, sal, exact)
-        macs[mode] = fw.record["macs"]
+        policy.account(fw, 0, gate, torch.tensor([2]), sal, torch.tensor([1]), exact)
+        gating, salient, union, n_exact, macs[mode] = fw.layer_stats[0].tolist()
+        assert (gating, salient, union, n_exact) == (2, 1, 2, 2)
     assert macs["partial"] - macs["paper"] == 2 * (6 - 2) * 2 * dims["Hd"]
 
 
