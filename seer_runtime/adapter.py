@@ -107,25 +107,38 @@ class PrefixKV:
     rotating once at the same positions gives the same numbers (RoPE of a key depends only on
     its own position), so one post-RoPE form serves both families.
     key_mask: bool ``[B, Lp]`` (True = a real prefix token), None when no row is padded.
+    real_index: int64 ``[sum Lp_b]``, the flat indices (into ``B * Lp``) of the real prefix
+    tokens in order, when the caller knows how many there are (the engine does, from the prompt
+    lengths): packing then reads nothing back. None: found from ``key_mask`` (a host read).
     """
 
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
     key_mask: torch.Tensor | None
     length: int
+    real_index: torch.Tensor | None = None
 
     def packed(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer ``layer``'s real prefix keys/values packed back to back: ``[sum Lp_b, Hk, d]``."""
         k = self.keys[layer].transpose(1, 2)
         v = self.values[layer].transpose(1, 2)
+        k, v = k.reshape(-1, *k.shape[2:]), v.reshape(-1, *v.shape[2:])
         if self.key_mask is None:
-            return k.reshape(-1, *k.shape[2:]), v.reshape(-1, *v.shape[2:])
-        return k[self.key_mask], v[self.key_mask]
+            return k, v
+        if self.real_index is None:
+            self.real_index = self.key_mask.reshape(-1).nonzero().squeeze(1)
+        return k.index_select(0, self.real_index), v.index_select(0, self.real_index)
 
-    def select(self, rows: torch.Tensor) -> PrefixKV:
-        """The cache restricted to batch rows ``rows`` (int64 index tensor)."""
-        mask = None if self.key_mask is None else self.key_mask[rows]
-        return PrefixKV([k[rows] for k in self.keys], [v[rows] for v in self.values], mask, self.length)
+    def select(self, rows: torch.Tensor, *, real_tokens: int | None = None) -> PrefixKV:
+        """The cache restricted to batch rows ``rows`` (int64 index tensor); ``real_tokens``: how
+        many real prefix tokens those rows hold (lets :meth:`packed` read nothing back)."""
+        mask = real_index = None
+        if self.key_mask is not None:
+            mask = self.key_mask[rows]
+            if real_tokens is not None:
+                real_index = torch.nonzero_static(mask.reshape(-1), size=real_tokens).squeeze(1)
+        return PrefixKV([k.index_select(0, rows) for k in self.keys], [v.index_select(0, rows) for v in self.values],
+                        mask, self.length, real_index)
 
 
 @runtime_checkable

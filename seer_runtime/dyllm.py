@@ -139,6 +139,7 @@ class SparseMaps:
     positions: torch.Tensor
     rope: tuple[torch.Tensor, torch.Tensor]
     slots: torch.Tensor  # arange(num_queries): the fixed-capacity row sets' slot numbers
+    layer_stats: torch.Tensor  # float64 [layers, 5]: a forward's gating, salient, union, exact rows, MACs
 
 
 @dataclass
@@ -147,14 +148,14 @@ class SparseForward:
     prompt fed) or "response" (sparse, window only). A sparse one holds its ``maps``, the current
     gating set as a fixed-capacity row set (``gate`` int64 ``[num_queries]``, its first
     ``gate_count`` entries live, ``gate_count`` an int32 ``[1]`` device tensor: no host read), and
-    its per-layer statistics on the device (``layer_stats`` float64 ``[layers, 5]``: gating,
-    salient, union, exact-attention rows, multiply-accumulates)."""
+    its per-layer statistics on the device (``layer_stats``, its maps' buffer)."""
 
     rows: list[int]
     index: torch.Tensor
     step: int
     mode: str
     offset: int = 0  # fed prompt positions before the window
+    maps_key: tuple | None = None  # the layout its index maps are kept under (decided on the host)
     maps: SparseMaps | None = None
     prefix: PrefixKV | None = None
     gate: torch.Tensor | None = None
@@ -193,7 +194,8 @@ class DyLLMPolicy(DecodePolicy):
                      "Hkd": model.num_kv_heads * model.head_dim, "I": model.intermediate_size}
         self.records: list[dict] = []
         self.current: SparseForward | None = None
-        self._maps: tuple[tuple, SparseMaps] | None = None  # one layout at a time: it changes rarely
+        self.cache_generation = 0  # bumped whenever the caches are reallocated (graphs read them by address)
+        self._maps: dict[tuple, SparseMaps] = {}  # per layout (SparseForward.maps_key)
 
     # -- engine fixed points -------------------------------------------------------------------
     def plan_forward(self, run: DecodeRun, fwd: Forward) -> None:
@@ -202,23 +204,33 @@ class DyLLMPolicy(DecodePolicy):
         cold = any(self.dense_forwards[b] < cfg.full_steps or self.valid[b] < run.window[b] for b in fwd.rows)
         if cold:
             mode = "full"
-        elif run.prefix_cache or fwd.step % cfg.prompt_period == 0:
-            mode = "sparse"  # prompt or response: decided by what the layout feeds
+        elif run.prefix_cache:
+            mode = "response"  # the prompt is in the prefix cache
+        elif fwd.step % cfg.prompt_period == 0:
+            mode = "prompt"
         else:
             mode = "response"
             fwd.feed_prompt = False
-        self.current = SparseForward(fwd.rows, fwd.index, fwd.step, mode)
+        plan = self.current = SparseForward(fwd.rows, fwd.index, fwd.step, mode)
+        if mode != "full":
+            plan.offset = run.prompt_len if mode == "prompt" else 0
+            plan.maps_key = (tuple(plan.rows), tuple(run.window[r] for r in plan.rows), fwd.width, plan.offset,
+                             self.cached_prompt + self.capacity, run.prefix_cache)
+
+    def graph_key(self, run: DecodeRun, fwd: Forward) -> tuple | None:
+        """A sparse forward replays per layout and cache generation; warm-up forwards run eagerly."""
+        plan = self.current
+        return None if plan.mode == "full" else ("dyllm", plan.mode, plan.maps_key, self.cache_generation)
 
     def before_layers(self, run: DecodeRun, fwd: Forward) -> None:
         plan = self.current
         if plan.mode == "full":
             return
-        plan.offset = fwd.offset
-        if plan.mode == "sparse":
-            plan.mode = "prompt" if fwd.offset else "response"
+        if fwd.offset != plan.offset:
+            raise RuntimeError(f"dyllm planned {plan.offset} prompt positions, the layout fed {fwd.offset}")
         maps = plan.maps = self._sparse_maps(run, plan, fwd)
         self._first_gate(run, plan, fwd)
-        plan.layer_stats = torch.zeros(run.num_layers, 5, dtype=torch.float64, device=run.device)
+        plan.layer_stats = maps.layer_stats
         rows, length, dim = fwd.hidden.shape
         plan.padded_input = fwd.hidden
         fwd.hidden = fwd.hidden.reshape(rows * length, dim).index_select(0, maps.query_src)
@@ -245,7 +257,7 @@ class DyLLMPolicy(DecodePolicy):
             self._cache(caches, layer, value, run.batch_size)[fwd.index, :length] = value[:rows, :length]
 
     def after_layers(self, run: DecodeRun, fwd: Forward) -> None:
-        plan, self.current = self.current, None
+        plan = self.current
         if plan.mode != "full":  # back to the padded layout: pad rows pass through unchanged
             out = plan.padded_input.clone(memory_format=torch.contiguous_format)
             out.view(-1, out.shape[-1]).index_copy_(0, plan.maps.query_src, fwd.hidden)
@@ -258,7 +270,24 @@ class DyLLMPolicy(DecodePolicy):
             elif plan.mode == "response":
                 # the state that predicts window position 0 is the last prompt position's, not fed now
                 fwd.first_state = self.last_prompt_state[fwd.index].to(fwd.hidden.dtype)
-        self._finish(run, plan)
+        self.snapshot[plan.index] = run.tokens[plan.index]
+
+    def after_forward(self, run: DecodeRun, fwd: Forward) -> None:
+        plan, self.current = self.current, None
+        rows, layers = plan.rows, run.num_layers
+        dense = self.dense_macs(run, rows) * layers
+        dense_tokens = sum(run.window[b] + (0 if run.prefix_cache else run.prompt_lengths[b]) for b in rows)
+        record = {"step": plan.step, "mode": plan.mode, "rows": len(rows), "dense_macs": dense,
+                  "tokens_dense": dense_tokens * layers}
+        if plan.mode == "full":
+            for b in rows:
+                self.dense_forwards[b] += 1
+                self.valid[b] = run.window[b]
+            record.update(fed=dense_tokens, layer_stats=None)
+        else:  # the maps' buffer holds this forward's counts (also after a replay): kept, read once in stats()
+            maps = self._maps[plan.maps_key]
+            record.update(fed=maps.num_queries, layer_stats=maps.layer_stats.clone())
+        self.records.append(record)
 
     def report(self, run: DecodeRun) -> dict:
         return {"dyllm": self.stats(run)}
@@ -269,6 +298,7 @@ class DyLLMPolicy(DecodePolicy):
         if capacity == self.capacity:
             return
         keep = self.cached_prompt + min(capacity, self.capacity)
+        self.cache_generation += 1
         for caches in (self.keys, self.values, self.contexts, self.ffn_outputs):
             for i, t in enumerate(caches):
                 if t is None:
@@ -282,17 +312,17 @@ class DyLLMPolicy(DecodePolicy):
     def _cache(self, caches: list, i: int, like: torch.Tensor, batch: int) -> torch.Tensor:
         if caches[i] is None:
             caches[i] = like.new_zeros((batch, self.cached_prompt + self.capacity, *like.shape[2:]))
+            self.cache_generation += 1
         return caches[i]
 
     # -- the sparse forward's index maps -----------------------------------------------------------
     def _sparse_maps(self, run: DecodeRun, plan: SparseForward, fwd: Forward) -> SparseMaps:
-        """The index maps of this forward's layout, from the cache when the layout is the last one's."""
-        prefix = fwd.prefix
-        key = (tuple(plan.rows), tuple(run.window[r] for r in plan.rows), fwd.width, plan.offset,
-               self.cached_prompt + self.capacity, prefix is not None)
-        if self._maps is None or self._maps[0] != key:
-            self._maps = (key, self._build_maps(run, plan, fwd))
-        return self._maps[1]
+        """The index maps of this forward's layout, built once per layout and kept for the call
+        (a call sees few layouts; a captured graph reads the maps of its own)."""
+        maps = self._maps.get(plan.maps_key)
+        if maps is None:
+            maps = self._maps[plan.maps_key] = self._build_maps(run, plan, fwd)
+        return maps
 
     def _build_maps(self, run: DecodeRun, plan: SparseForward, fwd: Forward) -> SparseMaps:
         """Real fed rows packed, keys packed per request; every size is known on the host."""
@@ -342,7 +372,8 @@ class DyLLMPolicy(DecodePolicy):
             prefix_key_row=kp_row, prefix_key_pos=kp_pos, prefix_key_dst=kp_dst,
             queries_per_request=up(fed_per_request, torch.float64), keys_per_request=up(keys_per_request,
                                                                                        torch.float64),
-            positions=positions, rope=run.model.rope(positions), slots=torch.arange(tq, device=dev))
+            positions=positions, rope=run.model.rope(positions), slots=torch.arange(tq, device=dev),
+            layer_stats=torch.zeros(run.num_layers, 5, dtype=torch.float64, device=dev))
 
     def _first_gate(self, run: DecodeRun, plan: SparseForward, fwd: Forward) -> None:
         """Layer 0's gating set: the positions committed since each request's previous forward
@@ -363,7 +394,7 @@ class DyLLMPolicy(DecodePolicy):
         committed &= run.window.live_mask(plan.index, width)
         flat = torch.zeros(R, lq, dtype=torch.bool, device=run.device)
         flat[:, plan.offset:] = committed
-        where = torch.nonzero_static(flat.reshape(-1), size=tq, fill_value=0).squeeze(1)
+        where = _true_positions(flat.reshape(-1), tq)
         plan.gate = qmap[where].clamp(min=0)  # slots past the count: row 0, never read as live
         plan.gate_count = committed.sum().reshape(1).to(torch.int32)
 
@@ -410,22 +441,6 @@ class DyLLMPolicy(DecodePolicy):
                                                                                    maps.num_queries)
         plan.layer_stats[layer] = torch.stack([live_a.sum(), live_b.sum(), union.double().sum(),
                                                exact.double().sum(), macs.sum()])
-
-    def _finish(self, run: DecodeRun, plan: SparseForward) -> None:
-        rows, layers = plan.rows, run.num_layers
-        dense = self.dense_macs(run, rows) * layers
-        dense_tokens = sum(run.window[b] + (0 if run.prefix_cache else run.prompt_lengths[b]) for b in rows)
-        record = {"step": plan.step, "mode": plan.mode, "rows": len(rows), "dense_macs": dense,
-                  "tokens_dense": dense_tokens * layers}
-        if plan.mode == "full":
-            for b in rows:
-                self.dense_forwards[b] += 1
-                self.valid[b] = run.window[b]
-            record.update(fed=dense_tokens, layer_stats=None)
-        else:
-            record.update(fed=plan.maps.num_queries, layer_stats=plan.layer_stats)  # read once, in stats()
-        self.records.append(record)
-        self.snapshot[plan.index] = run.tokens[plan.index]
 
     def stats(self, run: DecodeRun) -> dict:
         """Totals over the run plus one record per forward (see the module docstring); the
@@ -484,6 +499,17 @@ def _cumsum(values: list[int]) -> list[int]:
         total += v
         out.append(total)
     return out
+
+
+def _true_positions(mask: torch.Tensor, size: int) -> torch.Tensor:
+    """int64 ``[size]``: the positions of the True entries of the 1-D bool ``mask`` in order, then
+    zeros (``nonzero_static`` with a fill of 0, from a scan and a scatter: capturable in a graph)."""
+    n = mask.numel()
+    rank = torch.cumsum(mask, 0) - 1
+    slot = torch.where(mask & (rank < size), rank, size)  # everything else lands in a spare slot
+    out = torch.zeros(size + 1, dtype=torch.long, device=mask.device)
+    out.scatter_(0, slot, torch.arange(n, device=mask.device))
+    return out[:size]
 
 
 def _row_set_mask(index: torch.Tensor, count: torch.Tensor, n: int) -> torch.Tensor:

@@ -21,7 +21,7 @@ a prefix-LM mask and an approximation otherwise; without it every step recompute
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -32,6 +32,7 @@ from .plans import DecodingRules, StepPlan, dream_plan, llada_plan
 from .profiling import prange
 from .sampling import NEG_INF, RandomSource, dream_sample_tokens, llada_step, select_topk
 from .schedules import dream_count
+from .step_graphs import ForwardGraphs, resolve_backend
 from .window import WindowState
 
 
@@ -98,6 +99,24 @@ def first_end_positions(window: torch.Tensor, end_ids: tuple[int, ...]) -> torch
     return torch.where(first == window.shape[1], torch.full_like(first, -1), first)
 
 
+def read_to_host(tensors: list[torch.Tensor]) -> list[list[int]]:
+    """Integer (or bool) device tensors as host int lists, in one read: flattened, concatenated
+    and copied once (on CUDA through pinned memory, the only wait being the stream reaching it)."""
+    flat = torch.cat([t.reshape(-1).to(torch.int64) for t in tensors])
+    if flat.is_cuda:
+        host = torch.empty(flat.shape, dtype=torch.int64, pin_memory=True)
+        host.copy_(flat, non_blocking=True)
+        torch.cuda.current_stream(flat.device).synchronize()
+        values = host.tolist()
+    else:
+        values = flat.tolist()
+    out, start = [], 0
+    for t in tensors:
+        out.append(values[start: start + t.numel()])
+        start += t.numel()
+    return out
+
+
 # ------------------------------------------------------------------------------------ one forward
 @dataclass
 class Forward:
@@ -151,7 +170,7 @@ class DecodeRun:
     """
 
     def __init__(self, model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, images,
-                 gen: GenerationConfig, *, policies: Sequence = (), progress: bool = False):
+                 gen: GenerationConfig, *, policies: Sequence = (), progress: bool = False, graphs="auto"):
         self.model, self.gen, self.progress = model, gen, progress
         self.policies = tuple(policies)
         self.rules = DecodingRules.of(model)
@@ -193,6 +212,11 @@ class DecodeRun:
         self.prefix: PrefixKV | None = None
         self.first_masked = 0
         self._device_tensors: dict[tuple, torch.Tensor] = {}
+        self._prefix_rows: tuple[tuple, PrefixKV] | None = None
+        self._masks_read: tuple[list[int], torch.Tensor] | None = None
+        self.graphs = ForwardGraphs(resolve_backend(graphs, self.device))
+        self._charges: dict[tuple, tuple[int, int, list[int]]] = {}  # per graph key: what a forward charges
+        self.step_values: dict[str, list[int]] = {}
         if self.prefix_cache:
             self._prefill()
         self.window = WindowState(self.batch_size, self.width, self.device, block=gen.block,
@@ -207,6 +231,9 @@ class DecodeRun:
         with prange("prefill"):
             self.prefix, hidden = self.model.prefill(self.prompt_embeds, self.prompt_mask,
                                                      self.positions[:, : self.prompt_len])
+        if self.prefix.key_mask is not None:  # the real prefix tokens' count is known here: no read later
+            self.prefix.real_index = torch.nonzero_static(self.prefix.key_mask.reshape(-1),
+                                                          size=sum(self.prompt_lengths)).squeeze(1)
         self.stats.nfe += 1
         self.stats.tokens_computed += self.batch_size * self.prompt_len * self.num_layers
         for b in range(self.batch_size):
@@ -224,6 +251,17 @@ class DecodeRun:
         masks = self.window.masks.left(b, start, window)
         return dream_plan(window, self.gen, self.rules, masks=masks, start=start,
                           positions=window if start == 0 else window - start)
+
+    def prefix_rows(self, rows: list[int]) -> PrefixKV:
+        """The prompt cache of ``rows``: the whole cache for every request, else a copy of their
+        rows, made once per distinct set of rows (the last one is kept)."""
+        if len(rows) == self.batch_size:
+            return self.prefix
+        key = tuple(rows)
+        if self._prefix_rows is None or self._prefix_rows[0] != key:
+            real = sum(self.prompt_lengths[r] for r in rows)
+            self._prefix_rows = (key, self.prefix.select(self.row_index(rows), real_tokens=real))
+        return self._prefix_rows[1]
 
     def row_index(self, rows: list[int]) -> torch.Tensor:
         """``rows`` as an int64 device tensor, built once per distinct set of rows."""
@@ -247,14 +285,66 @@ class DecodeRun:
         fwd = Forward(rows, self.row_index(rows), step, self.window.longest(rows) if width is None else width)
         for p in self.policies:
             p.plan_forward(self, fwd)
-        self.lay_out(fwd)
-        with prange("forward"):
+
+        def compute() -> torch.Tensor:
+            self.lay_out(fwd)
             self.run_forward(fwd)
-            logits = self.window_logits(fwd)
-        logits = self.combine_guidance(logits, fwd.cfg)
+            return self.combine_guidance(self.window_logits(fwd), fwd.cfg)
+
+        with prange("forward"):
+            logits = self.run_keyed(self.forward_key(fwd, "padded"), rows, compute)
+        return self.finish_forward(fwd, logits)
+
+    def finish_forward(self, fwd: Forward, logits: torch.Tensor) -> torch.Tensor:
+        """The host's part after a forward ran (or replayed): ``on_logits``, then ``after_forward``."""
         for p in self.policies:
             logits = p.on_logits(self, fwd, logits)
+        for p in self.policies:
+            p.after_forward(self, fwd)
         return logits
+
+    # -- graphs of forwards -----------------------------------------------------------------------
+    def forward_key(self, fwd: Forward, kind: str, *detail) -> tuple | None:
+        """The graph key of a planned forward (``step_graphs``): what the host decided for it
+        (its kind and ``detail``, rows, window lengths, width, whether it feeds the prompt) and
+        every policy's :meth:`~seer_runtime.policy.DecodePolicy.graph_key`; None (run eagerly)
+        without a graph backend or when a policy's hooks cannot be replayed for it."""
+        if self.graphs.backend is None:
+            return None
+        parts = []
+        for p in self.policies:
+            part = p.graph_key(self, fwd)
+            if part is None:
+                return None
+            parts.append(part)
+        return (kind, *detail, tuple(fwd.rows), tuple(self.window[r] for r in fwd.rows), fwd.width,
+                fwd.feed_prompt, *parts)
+
+    def run_keyed(self, key: tuple | None, rows: list[int], compute: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """``compute()`` (a forward's device work: it lays the forward out, runs it and charges
+        its statistics) through the forward graphs under ``key``. A replay runs no Python, so the
+        statistics the key's first forward charged are charged again."""
+        ran = False
+
+        def call() -> torch.Tensor:
+            nonlocal ran
+            ran = True
+            return compute()
+
+        before = (self.stats.tokens_computed, self.stats.nfe, [self.tokens_per_request[r] for r in rows])
+        out = self.graphs.run(key, call)
+        if key is None:
+            return out
+        if ran:
+            self._charges[key] = (self.stats.tokens_computed - before[0], self.stats.nfe - before[1],
+                                  [self.tokens_per_request[r] - n for r, n in zip(rows, before[2])])
+        else:
+            tokens, nfe, per_request = self._charges[key]
+            self.stats.tokens_computed += tokens
+            self.stats.nfe += nfe
+            for r, n in zip(rows, per_request):
+                self.tokens_per_request[r] += n
+        return out
 
     def lay_out(self, fwd: Forward) -> None:
         """Embeddings, layout and prefix of a padded forward over the first ``fwd.width`` window
@@ -269,7 +359,7 @@ class DecodeRun:
             prefix = None
             key_mask = None if all_live else live
             if self.prefix_cache:
-                prefix = self.prefix if len(fwd.rows) == self.batch_size else self.prefix.select(index)
+                prefix = self.prefix_rows(fwd.rows)
                 if prefix.key_mask is not None or not all_live:
                     key_mask = torch.cat([self._prompt_keys(prefix.key_mask, len(fwd.rows)), live], dim=1)
             fwd.hidden, fwd.prefix, fwd.offset = emb, prefix, 0
@@ -504,11 +594,31 @@ class DecodeRun:
         self._count_masks(rows, window)
 
     def _count_masks(self, rows: list[int], window: torch.Tensor) -> None:
-        """The masks each row has left after a Dream step, read once for all rows: Dream's rule
-        commits a number that depends on them (and a position may be given the mask id again)."""
+        """The masks each row has left after a Dream step, read at the end of the step with
+        everything else the host needs (:meth:`read_step_values`): Dream's rule commits a number
+        that depends on them (and a position may be given the mask id again)."""
         left = ((window == self.token_ids.mask) & self.window.live_mask(self.row_index(rows), window.shape[1]))
-        for r, n in zip(rows, left.sum(dim=1).tolist()):
-            self.window.masks.set_left(r, n)
+        self._masks_read = (rows, left.sum(dim=1))
+        self.window.masks.pending = True
+
+    def read_step_values(self, step: int) -> None:
+        """The one device->host read of a step: the Dream masks left and what each policy asks
+        for (``DecodePolicy.step_reads``), concatenated and read together into
+        ``self.step_values`` (name -> list of ints); nothing is read when nobody asks."""
+        wanted: dict[str, torch.Tensor] = {}
+        if self._masks_read is not None:
+            wanted["masks_left"] = self._masks_read[1]
+        for p in self.policies:
+            for name, value in (p.step_reads(self, step) or {}).items():
+                if name in wanted:
+                    raise ValueError(f"step value {name!r} is asked for twice")
+                wanted[name] = value
+        self.step_values = dict(zip(wanted, read_to_host(list(wanted.values())))) if wanted else {}
+        if self._masks_read is not None:
+            for r, n in zip(self._masks_read[0], self.step_values["masks_left"]):
+                self.window.masks.set_left(r, n)
+            self._masks_read = None
+            self.window.masks.pending = False
 
     def _uniform_items(self, rows: list[int], per_row: list[int], starts: list[int]) -> torch.Tensor:
         """Dream origin's ``torch.rand`` over the flattened masked positions (row-major)."""
@@ -554,6 +664,7 @@ class DecodeRun:
             if ran:
                 rows = self.active_rows(step)
                 if rows:
+                    self.window.device_lengths()  # refreshed here, outside any captured forward
                     t0 = time.perf_counter()
                     logits = self.execute(rows, step)
                     t1 = time.perf_counter()
@@ -564,6 +675,7 @@ class DecodeRun:
                     self.stats.add_time("sample", t2 - t1)
                     for r in rows:
                         self.steps_done[r] += 1
+            self.read_step_values(step)
             more = [p.after_step(self, step) for p in self.policies]
         return ran or any(more)
 

@@ -143,8 +143,9 @@ def generate(
     router: a ``RouterConfig`` (or True for defaults sized to the window): after Seer's cut every
         step runs through the Padding-Waste-Ratio router (static / varlen / eager); None pads
         the batch to its longest surviving window.
-    graphs: how routed static groups replay: "auto" (CUDA graphs on a CUDA device, the same
-        buffers eagerly elsewhere), None (plain eager), or a graph backend object.
+    graphs: how steady forwards replay (``step_graphs``; the router's static groups through its
+        own graph cache): "auto" (CUDA graphs on a CUDA device, eagerly elsewhere, said once),
+        None (plain eager), or a graph backend object (``serving.graph_cache``).
     policies: further ``DecodePolicy`` objects, called after the built-in ones.
     progress: a progress bar over the denoising steps.
     """
@@ -153,7 +154,8 @@ def generate(
     composed = compose_policies(seer=seer, router=router, dyllm=dyllm, policies=policies, graphs=graphs)
     t0 = time.perf_counter()
     with prange("generate"):
-        run = DecodeRun(model, input_ids, attention_mask, images, gen, policies=composed, progress=progress)
+        run = DecodeRun(model, input_ids, attention_mask, images, gen, policies=composed, progress=progress,
+                        graphs=graphs)
         for p in composed:
             p.on_request(run)
         run.decode()

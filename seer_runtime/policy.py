@@ -8,6 +8,12 @@ chooses a layer's rows), then any policy the caller adds. A policy reads and cha
 through the run's public state (``run.window``, ``run.plans``, ``run.x``, ...) and never through
 another policy.
 
+A device hook of a forward that has a graph key may run once (recorded into a CUDA graph) and
+then be replayed at later steps without its Python running: it must only issue device work on
+tensors that stay where they are, and keep host bookkeeping for ``after_forward``. A policy that
+overrides a device hook must say under which key its forwards replay (:meth:`graph_key`);
+otherwise its forwards run eagerly.
+
 The hooks, in the order a ``generate`` call reaches them::
 
     on_request(run)                        the batch is embedded, windows and plans are set
@@ -16,12 +22,19 @@ The hooks, in the order a ``generate`` call reaches them::
                                            forward(s) (the router); None: the engine's padded one
         per forward (fwd: engine.Forward, its rows, step and inputs):
             plan_forward(run, fwd)         before the inputs are built (what the forward feeds)
+            graph_key(run, fwd)            may this forward be replayed from a graph, and under
+                                           which key (``step_graphs``)
+            --- device hooks: recorded once into a graph, replayed without running again ---
             before_layers(run, fwd)        inputs built (fwd.hidden, fwd.layout, ...)
             per layer i:
                 layer_taps(run, fwd, i, taps)   ask the layer for something (adapter.Taps)
                 after_layer(run, fwd, i, taps)  the layer ran ("after the probe layer of step 0")
             after_layers(run, fwd)         the layer loop is done, before the LM head
+            --- host hooks again ---
             on_logits(run, fwd, logits)    the window's logits; may return narrower ones
+            after_forward(run, fwd)        the forward ran or replayed: host bookkeeping
+        step_reads(run, step)              device values the host needs after this step
+                                           (read together, once: ``run.step_values``)
         after_step(run, step)              the step's tokens are committed; True: steps remain
     report(run)                            a dict for ``stats.extra[policy.name]``, or None
 """
@@ -59,6 +72,14 @@ class DecodePolicy:
     def plan_forward(self, run: DecodeRun, fwd: Forward) -> None:
         """A forward of ``fwd.rows`` is about to be laid out (``fwd.feed_prompt`` may be cleared)."""
 
+    def graph_key(self, run: DecodeRun, fwd: Forward) -> tuple | None:
+        """This policy's part of the forward's graph key: a hashable tuple holding everything its
+        device hooks decide on the host for this forward, or None when they cannot be replayed
+        (the forward then runs eagerly). Default: ``()`` for a policy without device hooks, None
+        for one that overrides any of them without overriding this."""
+        overridden = [h for h in _DEVICE_HOOKS if getattr(type(self), h) is not getattr(DecodePolicy, h)]
+        return None if overridden else ()
+
     def before_layers(self, run: DecodeRun, fwd: Forward) -> None:
         """The forward's inputs are built; it may re-lay them (``fwd.hidden``, ``fwd.layout``)."""
 
@@ -75,6 +96,17 @@ class DecodePolicy:
         """The forward's window logits; return them, or a narrower slice after a cut."""
         return logits
 
+    def after_forward(self, run: DecodeRun, fwd: Forward) -> None:
+        """The forward ran, or was replayed from its graph (then its device hooks did not run):
+        host bookkeeping such as statistics."""
+
+    def step_reads(self, run: DecodeRun, step: int) -> dict[str, torch.Tensor] | None:
+        """Integer or bool device tensors this policy needs on the host after ``step``, by name
+        (unique across policies). The engine reads every policy's together in one transfer and
+        leaves them in ``run.step_values[name]`` (flattened int lists) for :meth:`after_step`.
+        Ask only on the steps that need it: a step nobody asks anything of reads nothing."""
+        return None
+
     def after_step(self, run: DecodeRun, step: int) -> bool:
         """``step`` is committed; return True when this policy needs further steps."""
         return False
@@ -82,3 +114,6 @@ class DecodePolicy:
     def report(self, run: DecodeRun) -> dict | None:
         """What this policy measured, for ``stats.extra[self.name]`` (None: nothing)."""
         return None
+
+
+_DEVICE_HOOKS = ("before_layers", "layer_taps", "after_layer", "after_layers")

@@ -29,7 +29,7 @@ import seer_kernels
 
 from .adapter import Taps
 from .config import StoredConfig, check
-from .engine import DecodeRun, Forward
+from .engine import DecodeRun, Forward, read_to_host
 from .plans import dream_plan
 from .policy import DecodePolicy
 
@@ -114,14 +114,14 @@ def end_probability(logits: torch.Tensor, end_ids: tuple[int, ...]) -> torch.Ten
     return sum(probs[..., t] for t in end_ids)
 
 
-def first_reaching(values: torch.Tensor, threshold: float, live: list[int]) -> list[int | None]:
-    """Per row, the first position < live[r] with ``values >= threshold`` (None when none)."""
+def first_reaching(values: torch.Tensor, threshold: float, live: torch.Tensor | None = None) -> torch.Tensor:
+    """Per row of ``values [R, W]``, the first position with ``values >= threshold`` (among the
+    ``live`` ones, bool ``[R, W]``), or ``W`` when there is none: int64 ``[R]`` on the device."""
     hits = values >= threshold
-    out = []
-    for r, n in enumerate(live):
-        idx = hits[r, :n].nonzero()
-        out.append(int(idx[0, 0]) if idx.numel() else None)
-    return out
+    if live is not None:
+        hits &= live
+    positions = torch.arange(values.shape[1], device=values.device)
+    return torch.where(hits, positions, values.shape[1]).amin(dim=1)
 
 
 class SeerPolicy(DecodePolicy):
@@ -148,6 +148,7 @@ class SeerPolicy(DecodePolicy):
         self._profile_sum: torch.Tensor | None = None
         self.confirm_due = False
         self._checked: set[int] = set()  # cut windows found complete with an end token (final)
+        self._asked: list[int] = []  # the windows whose status this step's read brings
         run.window.cut_pending = True
 
     # -- the cut ---------------------------------------------------------------------------------
@@ -162,6 +163,10 @@ class SeerPolicy(DecodePolicy):
             run.plans[b] = run.make_plan(b, n)
         self.cut_done = True
         run.window.cut_pending = False
+
+    def graph_key(self, run: DecodeRun, fwd: Forward) -> tuple | None:
+        """Step 0's probing forward cuts the windows inside its layer loop: never replayed."""
+        return None if self._probing(fwd) else ()
 
     def layer_taps(self, run: DecodeRun, fwd: Forward, layer: int, taps: Taps) -> None:
         if self._probing(fwd) and layer in self.config.layers:
@@ -194,8 +199,9 @@ class SeerPolicy(DecodePolicy):
         if self.config.probe == "eos_prob" and not self.cut_done:
             p_end = end_probability(logits, run.token_ids.end_ids)
             keep = []
-            for b, j in enumerate(first_reaching(p_end, self.config.eos_threshold, [run.width] * len(fwd.rows))):
-                j = max(j, run.first_masked) if j is not None else None
+            # the one host read of the boundaries per generation
+            for b, j in enumerate(first_reaching(p_end, self.config.eos_threshold).tolist()):
+                j = max(j, run.first_masked) if j < p_end.shape[1] else None
                 self.boundary[b] = j
                 keep.append(run.width if j is None else j + 1)
             self.cut(run, keep)
@@ -210,19 +216,19 @@ class SeerPolicy(DecodePolicy):
         s = self.config
         threshold = s.confirm_threshold if s.confirm_threshold is not None else s.eos_threshold
         p_end = end_probability(logits, run.token_ids.end_ids)
-        hits = first_reaching(p_end, threshold, [run.window[r] for r in fwd.rows])
-        for local, b in enumerate(fwd.rows):
-            if run.window[b] >= run.width:
-                continue
+        first = first_reaching(p_end, threshold, run.window.live_mask(fwd.index, p_end.shape[1]))
+        cut = [(local, b) for local, b in enumerate(fwd.rows) if run.window[b] < run.width]
+        # where a premature cut re-extends to: the next sparsity boundary after it (or the end)
+        valid = torch.full((1,), run.width, dtype=torch.int32, device=run.device)
+        later = [seer_kernels.snr_boundary(self.profile[local: local + 1], valid, tau_jump=s.tau_jump, gamma=s.gamma,
+                                           window=s.window, baseline_window=s.baseline_window,
+                                           min_position=run.window[b]) for local, b in cut]
+        hits, *later = read_to_host([first, *later])  # one read for every row's check
+        for (local, b), nxt in zip(cut, later):
             j = hits[local]
-            if j is None:
-                # premature: re-extend to the next sparsity boundary after this one (or the end)
-                valid = torch.tensor([run.width], device=run.device)
-                nxt = seer_kernels.snr_boundary(self.profile[local: local + 1], valid, tau_jump=s.tau_jump,
-                                                gamma=s.gamma, window=s.window, baseline_window=s.baseline_window,
-                                                min_position=run.window[b]).tolist()[0]
+            if j >= p_end.shape[1]:  # premature: no surviving position looks like an end
                 self.premature[b] += 1
-                self.pending[b] = nxt
+                self.pending[b] = nxt[0]
             elif j + 1 < run.window[b]:
                 # an earlier surviving position already ends the answer: tighten to it
                 self.tightened[b] += 1
@@ -260,35 +266,51 @@ class SeerPolicy(DecodePolicy):
         run.window.reset(b)
         run.plans[b] = run.plans[b].keep_first(step + 1).then(run.make_plan(b, run.width))
 
+    def _guard_candidates(self, run: DecodeRun) -> list[int]:
+        """Cut windows that may have just been filled: those with no mask left on the host's
+        count, or every unchecked cut window while the count is still to be read (Dream)."""
+        pending = run.window.masks.pending
+        return [b for b in range(run.batch_size) if run.window[b] < run.width and b not in self._checked
+                and (pending or not run.window.masks.left(b))]
+
+    def step_reads(self, run: DecodeRun, step: int) -> dict[str, torch.Tensor] | None:
+        """The guard's question, asked on the steps where a cut window may have been filled:
+        does each such window still hold a mask, and does it hold an end token."""
+        self._asked = []
+        if not (self.config.guard and self.cut_done):
+            return None
+        self._asked = self._guard_candidates(run)
+        if not self._asked:
+            return None
+        return {"seer/window_status": self._window_status(run, self._asked)}
+
     def after_step(self, run: DecodeRun, step: int) -> bool:
         for b, target in list(self.pending.items()):
             self.extend(run, b, target, step)
         self.pending.clear()
         guarded = False
-        if self.config.guard and self.cut_done:
-            # a cut window that is fully decoded (known on the host) must hold an end token: one
-            # read of those windows, on the steps where some cut window has just been filled
-            done = [b for b in range(run.batch_size) if run.window[b] < run.width and b not in self._checked
-                    and not run.window.masks.left(b)]
-            if done:
-                for b, (has_mask, has_end) in zip(done, self._window_status(run, done)):
-                    if has_mask:  # the model gave a committed position the mask id: not decoded yet
-                        continue
-                    if has_end:
-                        self._checked.add(b)
-                        continue
-                    n = run.window[b]
-                    self.guard_events[b] += 1  # fully decoded, no end token: the answer ran into the cut
-                    if self.config.guard_mode == "extend":
-                        self.extend(run, b, max(2 * n, n + 4), step)
-                    else:
-                        self.redecode(run, b, step)
-                    guarded = True
+        if self._asked:
+            status = run.step_values["seer/window_status"]
+            for i, b in enumerate(self._asked):
+                has_mask, has_end = status[2 * i], status[2 * i + 1]
+                if run.window.masks.left(b) or has_mask:  # not filled yet (or the model wrote the mask id)
+                    continue
+                if has_end:
+                    self._checked.add(b)
+                    continue
+                n = run.window[b]
+                self.guard_events[b] += 1  # fully decoded, no end token: the answer ran into the cut
+                if self.config.guard_mode == "extend":
+                    self.extend(run, b, max(2 * n, n + 4), step)
+                else:
+                    self.redecode(run, b, step)
+                guarded = True
+            self._asked = []
         return guarded or any(step + 1 < p.steps for p in run.plans)
 
     @staticmethod
-    def _window_status(run: DecodeRun, rows: list[int]) -> list[tuple[bool, bool]]:
-        """(a mask left, an end token) in each of ``rows``' windows: one read for all of them."""
+    def _window_status(run: DecodeRun, rows: list[int]) -> torch.Tensor:
+        """bool ``[len(rows), 2]``: (a mask left, an end token) in each of ``rows``' live windows."""
         index = run.row_index(rows)
         width = run.window.longest(rows)
         window = run.tokens[index, :width]
@@ -296,8 +318,7 @@ class SeerPolicy(DecodePolicy):
         is_end = torch.zeros_like(window, dtype=torch.bool)
         for t in run.token_ids.end_ids:
             is_end |= window == t
-        status = torch.stack([((window == run.token_ids.mask) & live).any(dim=1), (is_end & live).any(dim=1)], 1)
-        return [tuple(row) for row in status.tolist()]
+        return torch.stack([((window == run.token_ids.mask) & live).any(dim=1), (is_end & live).any(dim=1)], 1)
 
     def report(self, run: DecodeRun) -> dict:
         return {"seer": {

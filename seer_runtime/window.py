@@ -65,9 +65,11 @@ class WindowState:
         self.masks.reset(b, self.width)
 
     def device_lengths(self) -> torch.Tensor:
-        """int32 ``[B]`` on the device (uploaded once after each change)."""
+        """int32 ``[B]`` on the device: always the same tensor (graphs read it by address),
+        updated in place after a change by a copy the host does not wait for."""
         if self._device_stale:
-            self._device = torch.tensor(self._host, dtype=torch.int32, device=self.device)
+            host = torch.tensor(self._host, dtype=torch.int32, pin_memory=self._device.is_cuda)
+            self._device.copy_(host, non_blocking=True)
             self._device_stale = False
         return self._device
 
@@ -90,6 +92,7 @@ class MaskCounts:
 
     def __init__(self, batch_size: int, width: int, block: int, first_masked: int) -> None:
         self.width, self.block, self.first_masked = width, block, first_masked
+        self.pending = False  # a Dream step's counts are on the device, read at the end of the step
         self._cells = (width + block - 1) // block
         self._counts = [self._full(width) for _ in range(batch_size)]
 
@@ -114,7 +117,8 @@ class MaskCounts:
         return done
 
     def set_left(self, b: int, n: int) -> None:
-        """Request ``b`` has ``n`` masks left, as counted on the device (one block: Dream)."""
+        """Request ``b`` has ``n`` masks left, as counted on the device (one block: Dream). While
+        such counts are on their way to the host, :attr:`pending` is True."""
         if self._cells != 1:
             raise ValueError("set_left counts a whole window; this one has several blocks")
         self._counts[b][0] = int(n)

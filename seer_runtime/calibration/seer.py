@@ -94,7 +94,8 @@ def step0_profiles(model, requests: list[Request], gen: GenerationConfig, *, lay
         ids, mask = pad_left([r.prompt_ids for r in batch], model.token_ids.pad)
         recorder = Step0Recorder(layers)
         run = DecodeRun(model, ids.to(model.device), None if mask is None else mask.to(model.device),
-                        [r.image for r in batch] if model.is_multimodal else None, gen, policies=[recorder])
+                        [r.image for r in batch] if model.is_multimodal else None, gen, policies=[recorder],
+                        graphs=None)  # one forward per batch: nothing to replay
         run.forward(list(range(len(batch))), 0)
         per_layer = recorder.activations
         if rms is None:

@@ -173,24 +173,26 @@ class RoutedExecution(DecodePolicy):
 
     def _forward_packed(self, run: DecodeRun, rows: list[int], step: int, route: Route) -> torch.Tensor:
         pg = self._packed_group(run, rows, route)
-        flat = run.tokens.reshape(-1)
-        tokens = torch.where(pg.src_index >= 0, flat[pg.src_index.clamp(min=0)],
-                             torch.full_like(pg.src_index, run.token_ids.pad))
-        hidden = run.model.embed(tokens)
-        if pg.prompt_rows is not None:
-            hidden[pg.prompt_rows] = run.prompt_embeds[pg.prompt_src[:, 0], pg.prompt_src[:, 1]]
-        fwd = Forward(rows, run.row_index(rows), step, max(run.window[r] for r in rows), hidden=hidden,
-                      layout=pg.layout, positions=pg.capacity, prompt_fed=not run.prefix_cache,
-                      lengths=[run.window[r] for r in rows])
+        fwd = Forward(rows, run.row_index(rows), step, max(run.window[r] for r in rows), layout=pg.layout,
+                      positions=pg.capacity, prompt_fed=not run.prefix_cache, lengths=[run.window[r] for r in rows])
         if run.prefix_cache:
-            fwd.prefix = run.prefix if len(rows) == run.batch_size else run.prefix.select(fwd.index)
-        run.run_forward(fwd)
-        logits = run.model.head(fwd.hidden[pg.logit_rows])
-        out = logits.new_zeros((len(rows), fwd.width, logits.shape[-1]))
-        out[pg.logit_dest[:, 0], pg.logit_dest[:, 1]] = logits
-        for p in run.policies:
-            out = p.on_logits(run, fwd, out)
-        return out
+            fwd.prefix = run.prefix_rows(rows)
+
+        def compute() -> torch.Tensor:
+            flat = run.tokens.reshape(-1)
+            tokens = torch.where(pg.src_index >= 0, flat[pg.src_index.clamp(min=0)],
+                                 torch.full_like(pg.src_index, run.token_ids.pad))
+            fwd.hidden = run.model.embed(tokens)
+            if pg.prompt_rows is not None:
+                fwd.hidden[pg.prompt_rows] = run.prompt_embeds[pg.prompt_src[:, 0], pg.prompt_src[:, 1]]
+            run.run_forward(fwd)
+            logits = run.model.head(fwd.hidden[pg.logit_rows])
+            out = logits.new_zeros((len(rows), fwd.width, logits.shape[-1]))
+            out[pg.logit_dest[:, 0], pg.logit_dest[:, 1]] = logits
+            return out
+
+        key = run.forward_key(fwd, "packed", route.path, pg.capacity)
+        return run.finish_forward(fwd, run.run_keyed(key, rows, compute))
 
     # -- static groups through the graph cache ----------------------------------------------------
     def _graphable(self, run: DecodeRun) -> bool:
@@ -233,7 +235,7 @@ class RoutedExecution(DecodePolicy):
         index = run.row_index(rows)
         layout_id = (tuple(rows), key)
         if self._graph_layout != layout_id:  # the group's prefix K/V: written once per layout
-            prefix = run.prefix.select(index)
+            prefix = run.prefix_rows(rows)
             cache.write(key, {**{f"k{i}": prefix.keys[i] for i in range(run.num_layers)},
                               **{f"v{i}": prefix.values[i] for i in range(run.num_layers)}})
             self._graph_layout = layout_id

@@ -23,9 +23,11 @@ truth) the cache
 * marks ``graph/capture[key]`` and ``graph/replay[key]`` ranges with
   :func:`seer_runtime.profiling.prange`, outside the captured region.
 
-Backends: :class:`CudaGraphBackend` (``torch.cuda.CUDAGraph``) and :class:`FakeGraphBackend`
-(tests: records the keys it captured, replayed and released; a "replay" calls the function
-eagerly and copies its results into the captured outputs). ``backend="auto"`` picks CUDA graphs
+Backends: :class:`CudaGraphBackend` (``torch.cuda.CUDAGraph``), :class:`RecordingGraphBackend`
+(CPU tests with a graph's semantics: a replay re-executes the recorded ops, not the Python that
+issued them) and :class:`FakeGraphBackend` (tests: records the keys it captured, replayed and
+released; a "replay" calls the function eagerly and copies its results into the captured
+outputs). ``backend="auto"`` picks CUDA graphs
 on a CUDA device; on a machine without CUDA, or with ``backend=None``, the cache calls ``fn``
 eagerly on the same buffers at every :meth:`GraphCache.run` and says so once per process.
 Nothing here queries a device at import time.
@@ -41,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..profiling import prange
 
@@ -51,6 +54,7 @@ __all__ = [
     "CudaGraphBackend",
     "FakeGraphBackend",
     "GraphBackend",
+    "RecordingGraphBackend",
     "GraphCache",
     "GraphCacheCounters",
 ]
@@ -200,6 +204,8 @@ class GraphBackend(Protocol):
 
     name: str
 
+    capture_executes: bool  # whether capture() runs fn (True) or only records it for replays (CUDA)
+
     def new_pool(self) -> Any: ...
 
     def synchronize(self) -> None: ...
@@ -214,9 +220,11 @@ class GraphBackend(Protocol):
 
 
 class CudaGraphBackend:
-    """``torch.cuda.CUDAGraph`` captured under ``torch.cuda.graph(graph, pool=pool)``."""
+    """``torch.cuda.CUDAGraph`` captured under ``torch.cuda.graph(graph, pool=pool)``; a capture
+    records the work without running it (``capture_executes`` False: a replay runs it)."""
 
     name = "cuda"
+    capture_executes = False
 
     def new_pool(self):
         return torch.cuda.graph_pool_handle()
@@ -262,6 +270,7 @@ class FakeGraphBackend:
     of the capture (so static-output semantics hold, and shape changes raise)."""
 
     name = "fake"
+    capture_executes = True
 
     def __init__(self) -> None:
         self.captured: list[Any] = []
@@ -298,6 +307,89 @@ class FakeGraphBackend:
         self.replayed.append(handle.key)
 
     def release(self, handle: _FakeGraph) -> None:
+        self.released.append(handle.key)
+
+
+class _Recording(TorchDispatchMode):
+    """Records every aten op with its arguments and outputs; refuses what a CUDA graph cannot
+    hold (a host read of device memory, a data-dependent shape)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[tuple[Any, tuple, dict, Any]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if str(func.overloadpacket) in _NOT_CAPTURABLE:
+            raise RuntimeError(f"{func} is not capturable (operation not permitted when stream is capturing)")
+        out = func(*args, **kwargs)
+        self.ops.append((func, args, kwargs, out))
+        return out
+
+
+# what a CUDA graph cannot capture: host reads and outputs whose shape depends on the data
+_NOT_CAPTURABLE = {"aten._local_scalar_dense", "aten.nonzero", "aten.masked_select", "aten.unique_dim",
+                   "aten._unique2", "aten.unique_consecutive", "aten.equal", "aten.is_nonzero"}
+
+
+@dataclass
+class _RecordedGraph:
+    key: Any
+    ops: list
+    outputs: Any
+    pool: Any
+
+
+class RecordingGraphBackend:
+    """A CPU stand-in with a CUDA graph's semantics, so that graph safety is tested without a GPU.
+
+    ``capture`` runs ``fn`` once (``capture_executes``: the call is the step's real work) under a
+    dispatch mode that records every aten op with the tensors it read and wrote, and raises on
+    what a CUDA graph refuses (``.item()``, ``nonzero``, boolean indexing: host reads and
+    data-dependent shapes). ``replay`` re-executes the recorded ops on the same tensors and writes
+    each op's fresh outputs into the tensors the capture produced: the Python that issued the ops
+    does not run again, so host values and decisions taken during the capture are frozen, as on
+    a GPU. ``captured`` / ``replayed`` / ``released`` list the keys in order.
+    """
+
+    name = "recording"
+    capture_executes = True
+
+    def __init__(self) -> None:
+        self.captured: list[Any] = []
+        self.replayed: list[Any] = []
+        self.released: list[Any] = []
+        self.warmup_runs = 0
+
+    def new_pool(self):
+        return None
+
+    def synchronize(self) -> None:
+        pass
+
+    def warmup(self, fn, runs: int) -> None:
+        for _ in range(runs):
+            fn()
+        self.warmup_runs += runs
+
+    def capture(self, fn, pool, key):
+        with _Recording() as recording:
+            outputs = fn()
+        self.captured.append(key)
+        return _RecordedGraph(key, recording.ops, outputs, pool), outputs
+
+    def replay(self, handle: _RecordedGraph) -> None:
+        for func, args, kwargs, out in handle.ops:
+            fresh = func(*args, **kwargs)
+            returns = func._schema.returns
+            outs, news = (out, fresh) if isinstance(out, (tuple, list)) else ((out,), (fresh,))
+            for i, (o, n) in enumerate(zip(outs, news)):
+                aliased = i < len(returns) and returns[i].alias_info is not None  # a view or an in-place result
+                if isinstance(o, torch.Tensor) and not aliased and o is not n:
+                    o.copy_(n)
+        self.replayed.append(handle.key)
+
+    def release(self, handle: _RecordedGraph) -> None:
         self.released.append(handle.key)
 
 
