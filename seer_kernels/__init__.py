@@ -27,7 +27,7 @@ and does not rebind it. Reach a module itself with ``importlib.import_module`` o
 
 from __future__ import annotations
 
-from ._dispatch import current_backend, interpreting, kernel_backend, use_triton
+from ._dispatch import current_backend, emulate_device, in_kernel, interpreting, kernel_backend, use_triton
 from .cosine_saliency import cosine_saliency, cosine_saliency_reference
 from .mlp_sparsity import mlp_sparsity, mlp_sparsity_reference, swiglu_sparsity, swiglu_sparsity_reference
 from .partial_attention import partial_attention, partial_attention_reference
@@ -44,8 +44,10 @@ __all__ = [
     "cosine_saliency",
     "cosine_saliency_reference",
     "current_backend",
+    "emulate_device",
     "gather_rows",
     "gather_rows_reference",
+    "in_kernel",
     "interpreting",
     "kernel_backend",
     "mlp_sparsity",
