@@ -69,16 +69,22 @@ def current_backend() -> str:
 
 
 @contextlib.contextmanager
+def _thread_setting(store: threading.local, name: str, value: object) -> Iterator[None]:
+    previous = getattr(store, name, None)
+    setattr(store, name, value)
+    try:
+        yield
+    finally:
+        setattr(store, name, previous)
+
+
+@contextlib.contextmanager
 def kernel_backend(backend: str) -> Iterator[None]:
     """Force ``"triton"``, ``"reference"`` or ``"auto"`` dispatch inside a ``with`` block (per thread)."""
     if backend not in _VALID_BACKENDS:
         raise ValueError(f"backend must be one of {_VALID_BACKENDS}, got {backend!r}")
-    previous = getattr(_override, "backend", None)
-    _override.backend = backend
-    try:
+    with _thread_setting(_override, "backend", backend):
         yield
-    finally:
-        _override.backend = previous
 
 
 def use_triton(tensor: torch.Tensor) -> bool:
@@ -107,17 +113,13 @@ def emulate_device() -> Iterator[None]:
     the interpreter when :func:`use_triton` says so). With ``seer_runtime.sync_audit.SyncAudit``
     this counts on a CPU what a GPU step would read.
     """
-    previous = getattr(_scope, "emulating", False)
-    _scope.emulating = True
-    try:
+    with _thread_setting(_scope, "emulating", True):
         yield
-    finally:
-        _scope.emulating = previous
 
 
 def emulating() -> bool:
     """Whether :func:`emulate_device` is in force in this thread."""
-    return getattr(_scope, "emulating", False)
+    return bool(getattr(_scope, "emulating", False))
 
 
 def host_path(tensor: torch.Tensor) -> bool:
@@ -202,16 +204,23 @@ def check_tensor(
     return tensor
 
 
-def check_count(name: str, count: object, capacity: int, capacity_name: str) -> None:
+def check_count(
+    name: str,
+    count: object,
+    capacity: int,
+    capacity_name: str,
+    dtypes: tuple[torch.dtype, ...] = (torch.int32, torch.int64),
+) -> None:
     """Validate an int-or-tensor row count without reading a tensor's value.
 
-    A host int must lie in ``[0, capacity]``; a tensor must be int32/int64 with one element (its
-    value stays on the device: out-of-range values act as the nearest end in the kernels).
+    A host int must lie in ``[0, capacity]``; a tensor must have one element of one of ``dtypes``
+    (its value stays on the device: out-of-range values act as the nearest end in the kernels).
     """
     if isinstance(count, torch.Tensor):
-        if count.dtype not in (torch.int32, torch.int64) or count.numel() != 1:
+        if count.dtype not in dtypes or count.numel() != 1:
+            allowed = "/".join(str(d).replace("torch.", "") for d in dtypes)
             raise ValueError(
-                f"{name} must be an int or an int32/int64 tensor of one element, got {count.dtype} "
+                f"{name} must be an int or an {allowed} tensor of one element, got {count.dtype} "
                 f"shape {tuple(count.shape)}"
             )
     elif isinstance(count, bool) or not isinstance(count, int):

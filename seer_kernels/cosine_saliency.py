@@ -322,17 +322,8 @@ def cosine_saliency(
     N = ctx.shape[0]
     max_rows = N
     if n_rows is not None:
-        if isinstance(n_rows, torch.Tensor):
-            if n_rows.dtype != torch.int32 or n_rows.numel() != 1:
-                raise ValueError(
-                    f"n_rows must be an int or an int32 tensor of one element, got {n_rows.dtype} "
-                    f"shape {tuple(n_rows.shape)}"
-                )
-        elif isinstance(n_rows, bool) or not isinstance(n_rows, int):
-            raise TypeError(f"n_rows must be an int or an int32 [1] tensor, got {type(n_rows).__name__}")
-        elif not 0 <= n_rows <= N:
-            raise ValueError(f"n_rows must be in [0, {N}], got {n_rows}")
-        else:
+        _dispatch.check_count("n_rows", n_rows, N, "ctx's rows", dtypes=(torch.int32,))
+        if not isinstance(n_rows, torch.Tensor):
             max_rows = n_rows
     if out_index is not None:
         _dispatch.check_tensor("out_index", out_index, dtypes=(torch.int32,), dim=1)

@@ -771,18 +771,7 @@ def partial_attention(
         raise ValueError(
             f"salient_q_mask must be a contiguous bool [{Tq}], got shape {tuple(salient_q_mask.shape)}"
         )
-    if isinstance(salient_k_count, torch.Tensor):
-        if salient_k_count.dtype != torch.int32 or salient_k_count.numel() != 1:
-            raise ValueError(
-                f"salient_k_count must be an int32 tensor of one element, got {salient_k_count.dtype} "
-                f"shape {tuple(salient_k_count.shape)}"
-            )
-    elif isinstance(salient_k_count, bool) or not isinstance(salient_k_count, int):
-        raise TypeError(
-            f"salient_k_count must be an int32 [1] tensor or an int, got {type(salient_k_count).__name__}"
-        )
-    elif not 0 <= salient_k_count <= cap:
-        raise ValueError(f"salient_k_count must be in [0, {cap}], got {salient_k_count}")
+    _dispatch.check_count("salient_k_count", salient_k_count, cap, "salient_k_index's capacity", dtypes=(torch.int32,))
     if softmax_scale is not None:
         if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
             raise TypeError(f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}")

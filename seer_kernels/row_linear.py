@@ -24,8 +24,9 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 _CONFIGS = _dispatch.single_config_when_interpreting(
     [
-        # first entry: the one the interpreter uses (smallest legal tl.dot tiles, so tests cross edges)
-        triton.Config({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2}, num_warps=4, num_stages=1),
+        # first entry: the one the interpreter uses; its cost is per program, so tiles as wide as a
+        # tiny model's layers (the kernel tests size their shapes off these to cross tile edges)
+        triton.Config({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 2}, num_warps=4, num_stages=1),
         # Hopper-sized tiles for bf16/fp16 (fp32 ieee dots fit the smaller ones)
         triton.Config({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=8, num_stages=3),
         triton.Config({"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=8, num_stages=3),

@@ -750,17 +750,20 @@ def slice_repack(
             ``G <= 1024`` (default: all ``B`` rows, which then must be ``<= 1024``). Repeats allowed.
         micro_buckets, packed_buckets, batch_buckets: the router's sorted tables, each either a
             sequence of ints (uploaded once per device and cached) or a 1-D int32/int64 tensor on
-            ``values``' device. Tables on a GPU are not validated (that would sync) and then
-            ``out=`` is required, since their maxima size the buffers.
+            ``values``' device. Tensor tables off the host path (on a GPU, or under
+            ``emulate_device()``) are not validated (that would sync) and then ``out=`` is
+            required, since their maxima size the buffers.
         tau_pad: PWR threshold; eager_max_bucket: groups whose ``B_G`` is at most this run eager.
         pad_value: the value written into padding slots of ``values`` (a token id, or a float
             for hidden states). Padding positions are 0, mask False, seq/src index -1.
         control_host: optional pinned CPU int32 ``[CONTROL_SIZE]`` tensor; on CUDA a non-blocking
-            copy of the control word into it is enqueued after the kernel, with an event.
+            copy of the control word into it is enqueued after the kernel, with an event (also
+            non-blocking under ``emulate_device()``).
         out: optional preallocated buffers (:func:`slice_repack_buffers`); graph-captured callers
             pass persistent ones. Default: allocated for this group from the host tables.
         check: validate ``keep_len`` and ``row_ids`` ranges on the host and raise ``ValueError``.
-            Default ``None`` checks when the tensors are on the CPU; on CUDA ``True`` costs a sync.
+            Default ``None`` checks on the host path (CPU tensors in eager mode, outside
+            ``emulate_device()``); on CUDA ``True`` costs a sync.
             Unchecked bad input is never clamped: the kernel flags it in the control word's
             ``error`` entry (``ERR_*`` bits), sets the path to ``PATH_ERROR`` and writes nothing else.
         route: the layout already decided on the host (normally ``slice_repack_decision`` of the

@@ -25,7 +25,7 @@ CASES = [
     (BM + 1, BK + 1, BN + 1, 1),
     (2 * BM + 5, 3 * BK - 3, 2 * BN + 7, BM + 3),
     (3 * BM + 2, 45, 23, 3 * BM + 2),
-    (37, 2 * BK, 19, 2 * BM),
+    (2 * BM + 9, 2 * BK, 19, 2 * BM),
 ]
 case_ids = ["cap{}-K{}-N{}-n{}".format(*c) for c in CASES]
 
