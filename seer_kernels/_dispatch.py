@@ -155,20 +155,26 @@ def define_op(schema: str, implementation: Callable, fake: Callable) -> torch._o
 
     ``implementation`` serves every device (it launches the kernel or runs the reference, as
     :func:`use_triton` decides) inside :func:`kernel_scope`; ``fake`` gives the outputs' shapes
-    and dtypes from the inputs' alone (FakeTensor, meta tensors, ``torch.compile``). Ops that
-    write a buffer declare it ``Tensor(a!)`` and return nothing for it: an op output may not
-    alias an input. Returns the op's default overload.
+    and dtypes from the inputs' alone. It is the op's ``Meta`` kernel, which FakeTensor (and so
+    ``torch.compile``) runs for an op without a ``register_fake`` entry; ``register_fake`` would
+    serve too, but it inspects its caller's source at each registration (import time, see
+    bench/RESULTS.md). Ops that write a buffer declare it ``Tensor(a!)`` and return nothing for
+    it: an op output may not alias an input. Returns the default overload.
     """
     name = schema.split("(", 1)[0]
 
     @functools.wraps(implementation)
     def in_scope(*args, **kwargs):
-        with kernel_scope():
+        # kernel_scope() spelled out: this runs on every call of every op
+        _scope.kernel_depth = getattr(_scope, "kernel_depth", 0) + 1
+        try:
             return implementation(*args, **kwargs)
+        finally:
+            _scope.kernel_depth -= 1
 
     _LIBRARY.define(schema)
     _LIBRARY.impl(name, in_scope, "CompositeExplicitAutograd")
-    torch.library.register_fake(f"{OP_NAMESPACE}::{name}", fake, lib=_LIBRARY)
+    _LIBRARY.impl(name, fake, "Meta")
     return getattr(getattr(torch.ops, OP_NAMESPACE), name).default
 
 
