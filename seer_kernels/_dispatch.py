@@ -140,21 +140,11 @@ def in_kernel() -> bool:
     return getattr(_scope, "kernel_depth", 0) > 0
 
 
-@contextlib.contextmanager
-def kernel_scope() -> Iterator[None]:
-    """Mark the enclosed code as a kernel (or its stand-in) for :func:`in_kernel`."""
-    _scope.kernel_depth = getattr(_scope, "kernel_depth", 0) + 1
-    try:
-        yield
-    finally:
-        _scope.kernel_depth -= 1
-
-
 def define_op(schema: str, implementation: Callable, fake: Callable) -> torch._ops.OpOverload:
     """Register ``torch.ops.seer.<name>`` from ``schema`` (``"name(Tensor x, ...) -> ..."``).
 
     ``implementation`` serves every device (it launches the kernel or runs the reference, as
-    :func:`use_triton` decides) inside :func:`kernel_scope`; ``fake`` gives the outputs' shapes
+    :func:`use_triton` decides) with :func:`in_kernel` True; ``fake`` gives the outputs' shapes
     and dtypes from the inputs' alone. It is the op's ``Meta`` kernel, which FakeTensor (and so
     ``torch.compile``) runs for an op without a ``register_fake`` entry; ``register_fake`` would
     serve too, but it inspects its caller's source at each registration (import time, see
@@ -165,7 +155,7 @@ def define_op(schema: str, implementation: Callable, fake: Callable) -> torch._o
 
     @functools.wraps(implementation)
     def in_scope(*args, **kwargs):
-        # kernel_scope() spelled out: this runs on every call of every op
+        # a counter rather than a context manager: this runs on every call of every op
         _scope.kernel_depth = getattr(_scope, "kernel_depth", 0) + 1
         try:
             return implementation(*args, **kwargs)

@@ -19,7 +19,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 import seer_kernels as sk
 from seer_kernels import emulate_device, in_kernel, kernel_backend
-from seer_kernels.slice_repack_control import slice_repack_buffers
+from seer_kernels.slice_repack_control import BUFFER_FIELDS, slice_repack_buffers
 from seer_runtime.adapter import PackedLayout, PaddedLayout, Taps
 from tests.tiny_models import tiny
 from tests.tolerances import assert_close
@@ -58,8 +58,7 @@ def _calls() -> dict:
         "snr_boundary": (sk.snr_boundary, (torch.rand(3, 12, generator=g), torch.tensor([12, 7, 0])), {}),
         "varlen_attention": (sk.varlen_attention, attention, {}),
         "slice_repack": (sk.slice_repack, (randn(3, 6, 4), torch.tensor([5, 2, 6])),
-                         dict(TABLES, out=slice_repack_buffers(batch_cap=4, bucket_cap=8, packed_cap=18, cu_len=4,
-                                                               dtype=torch.float32, device="cpu", hidden_dim=4))),
+                         dict(TABLES, out=_repack_buffers())),
         "cosine_saliency": (sk.cosine_saliency, (randn(7, 6), randn(7, 6), 0.5), dict(n_rows=_count(6))),
         "gather_rows": (sk.gather_rows, (randn(6, 5), torch.tensor([4, 0, 2, -1], dtype=torch.int32), _count(3)), {}),
         "scatter_rows": (sk.scatter_rows, (randn(6, 5), torch.tensor([4, 0, 2, -1]), _count(3), randn(4, 5)), {}),
@@ -73,8 +72,19 @@ def _calls() -> dict:
     }  # fmt: skip
 
 
+def _repack_buffers() -> sk.SliceRepackOutput:
+    out = slice_repack_buffers(batch_cap=4, bucket_cap=8, packed_cap=18, cu_len=4, dtype=torch.float32,
+                               device="cpu", hidden_dim=4)  # fmt: skip
+    return type(out)(*(getattr(out, f).zero_() for f in BUFFER_FIELDS))
+
+
 def _clone(tree):
-    return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, tree)
+    def clone(x):
+        if isinstance(x, sk.SliceRepackOutput):
+            return type(x)(*(getattr(x, f).clone() for f in BUFFER_FIELDS))
+        return x.clone() if isinstance(x, torch.Tensor) else x
+
+    return tree_map(clone, tree)
 
 
 def _outputs(result) -> list[torch.Tensor]:
@@ -82,7 +92,7 @@ def _outputs(result) -> list[torch.Tensor]:
     if isinstance(result, torch.Tensor):
         return [result]
     if isinstance(result, sk.SliceRepackOutput):
-        return [result.control, result.padded_values, result.packed_values, result.cu_seqlens]
+        return [getattr(result, f) for f in BUFFER_FIELDS]
     return list(result)
 
 
@@ -147,30 +157,21 @@ def _op_args(name: str, args: tuple, kwargs: dict) -> tuple[tuple, list[torch.Te
         return (*args, kwargs["lengths"], product), [product]
     if name == "snr_boundary":
         return (*args, 0.03, 0.6, 3, 1, 1), []
+    if name == "slice_repack":
+        buffers = [getattr(kwargs["out"], f) for f in BUFFER_FIELDS]
+        tables = [torch.tensor(t, dtype=torch.int32) for t in TABLES.values()]
+        return (*args, None, None, *tables, 0.2, 4, 0, None, *buffers), buffers
     raise AssertionError(name)
 
 
-@pytest.mark.parametrize("name", [op for op in OPS if op != "slice_repack"])
+@pytest.mark.parametrize("name", OPS)
 def test_the_registered_op_is_the_public_function(name):
     """The op called directly (interpreter kernels, as every kernel test) gives the public function's result."""
     fn, args, kwargs = _calls()[name]
     want = fn(*_clone(args), **_clone(kwargs))
     op_args, written = _op_args(name, *_clone((args, kwargs)))
     returned = getattr(torch.ops.seer, name)(*op_args)
-    got = ([returned] if returned is not None else []) + written
-    if name == "swiglu_sparsity":
-        got = [written[0], returned]
-    _assert_same(want, got, name)
-
-
-def test_slice_repack_op_writes_the_public_buffers():
-    fn, (values, keep_len), kwargs = _calls()["slice_repack"]
-    want = fn(values, keep_len, **_clone(kwargs))
-    out = _clone(kwargs["out"])
-    tables = [torch.tensor(t, dtype=torch.int32) for t in TABLES.values()]
-    torch.ops.seer.slice_repack(values, keep_len, None, None, *tables, 0.2, 4, 0, None,
-                                *(getattr(out, f) for f in sk.slice_repack_control.BUFFER_FIELDS))  # fmt: skip
-    _assert_same(want, out)
+    _assert_same(want, [t for t in (*written, returned) if t is not None], name)
 
 
 # ------------------------------------------------------------------------- (b) fake kernels
@@ -189,14 +190,14 @@ def test_fake_outputs_have_the_real_shapes(name):
             lambda t: mode.from_tensor(t) if isinstance(t, torch.Tensor) else t, (args, kwargs)
         )
         if name == "slice_repack":  # a dataclass of buffers: rebuild it from fake tensors
-            buffers = (getattr(kwargs["out"], f) for f in sk.slice_repack_control.BUFFER_FIELDS)
+            buffers = (getattr(kwargs["out"], f) for f in BUFFER_FIELDS)
             fake_kwargs["out"] = type(kwargs["out"])(*(mode.from_tensor(t) for t in buffers))
         fake = fn(*fake_args, **fake_kwargs)
     for r, f in zip(_outputs(real), _outputs(fake), strict=True):
         assert (f.shape, f.dtype, f.device) == (r.shape, r.dtype, r.device), name
 
 
-@pytest.mark.parametrize("name", [op for op in OPS if op != "slice_repack"])
+@pytest.mark.parametrize("name", OPS)
 def test_opcheck(name):
     """torch.library.opcheck: schema (declared mutations), fake tensors, AOT dispatch."""
     fn, args, kwargs = _calls()[name]
