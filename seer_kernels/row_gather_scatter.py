@@ -284,8 +284,8 @@ def gather_rows(
             without a copy when there are more than one).
         index: int32/int64 ``[capacity]`` contiguous; slots ``j < count`` hold row ids in
             ``[0, N)`` (checked on the host path only, ``_dispatch.host_path``: a CUDA check would
-            need a host sync); slots at or
-            past ``count`` are never read as row ids (``-1`` padding is fine).
+            need a host sync); slots at or past ``count`` are never read as row ids (``-1``
+            padding is fine).
         count: number of live slots: a Python int in ``[0, capacity]``, or an int32/int64
             tensor of one element on the device (values outside ``[0, capacity]`` act as the
             nearest end; not checked, that would need a host sync).
