@@ -1,4 +1,4 @@
-"""Benchmarks of the DyLLM ops: cosine_saliency, gather_rows/scatter_rows, partial_attention.
+"""Benchmarks of the DyLLM ops: cosine_saliency, gather_rows/scatter_rows, partial_attention, row_linear.
 
 CPU (pytest, always): pytest-benchmark times the torch references - the router's eager
 fallback - at mid-size shapes. For partial attention it also times the dense case (every query
@@ -8,7 +8,8 @@ ideal FLOP ratio: ``QK^T`` is needed for every (query, key) pair whatever the sa
 the ideal ratio tends to 0.5, not 0, as the salient fraction goes to 0. The batched reference
 computes ``P @ V`` for every row of a forward as soon as one row is exact, so on the CPU the
 partial case costs at least the dense one. The key correction (``k_old``) is timed against the
-plain update the same way.
+plain update the same way, and ``row_linear`` on 20% of a buffer's rows against ``F.linear`` on
+all of them (ideal ratio: the live fraction).
 
 GPU (``run``, driven by ``bash bench/gpu_check.sh --only dyllm_kernels``): device-event timings
 (``triton.testing.do_bench``, median) at LLaDA-8B shapes (32 heads, head dim 128, batch 16,
@@ -17,8 +18,10 @@ clustered) for a response-only step (queries = response, keys = prompt + respons
 step, against dense attention (the same kernel with every row salient, ``varlen_attention`` and
 torch SDPA), with the ideal FLOP ratio next to the measured one, and the 20% random case again
 with the key correction; saliency and gather/scatter as a fraction of peak memory bandwidth
-(``SEER_PEAK_BW`` in B/s, default an H200's 4.8e12). bf16 correctness and the CUDA-graph
-capture of the whole sequence are ``tests/kernels/test_*_gpu.py`` (gpu marker).
+(``SEER_PEAK_BW`` in B/s, default an H200's 4.8e12); ``row_linear`` at LLaDA-8B's K/V, FFN up
+and FFN down widths on 5%, 20% and 100% of the response rows (a device count), against
+``F.linear`` on every row, the ideal FLOP ratio (count / capacity) beside the measured one.
+bf16 correctness and the CUDA-graph capture of the whole sequence are ``tests/kernels/test_*_gpu.py`` (gpu marker).
 
     .venv/bin/pytest bench/bench_dyllm_kernels.py -s                      # CPU timings
     .venv/bin/pytest bench/bench_dyllm_kernels.py --benchmark-disable -s  # smoke (CI): one call each
@@ -45,6 +48,7 @@ from bench.common import (
     interleaved_medians,
     partial_attention_flops,
     row,
+    row_linear_flops,
     scatter_rows_bytes,
     tflops_note,
     time_parts,
@@ -57,6 +61,7 @@ _cs = importlib.import_module("seer_kernels.cosine_saliency")
 _rg = importlib.import_module("seer_kernels.row_gather_scatter")
 _pa = importlib.import_module("seer_kernels.partial_attention")
 _va = importlib.import_module("seer_kernels.varlen_attention")
+_rl = importlib.import_module("seer_kernels.row_linear")
 
 # CPU shapes: 8 sequences of 256 tokens of a 1024-wide model; attention: 2 sequences, prompt
 # 192 + response 64, 8 heads of 64
@@ -247,6 +252,23 @@ def test_partial_attention_reference_key_correction_cpu(benchmark, cpu_threads):
     )
 
 
+def test_row_linear_reference_cpu(benchmark, cpu_threads):
+    capacity, width, live = 2048, 512, 410  # 20% of the rows live
+    x, weight, bias = torch.randn(capacity, width), torch.randn(width, width), torch.randn(width)
+    count = torch.tensor([live], dtype=torch.int32)
+    sparse = lambda: _rl.row_linear_reference(x, weight, bias, count)  # noqa: E731
+    dense = lambda: torch.nn.functional.linear(x, weight, bias)  # noqa: E731
+    out = benchmark(sparse)
+    assert torch.equal(out[:live], dense()[:live]) and not out[live:].any()
+    t_sparse, t_dense = interleaved_medians([sparse, dense], 3 if benchmark.stats is None else 7)
+    print(
+        f"\nrow_linear_reference {live}/{capacity} rows [{width}] -> [{width}] fp32 ({cpu_threads} thread(s)): "
+        f"{t_sparse * 1e3:.3f} ms vs F.linear on every row {t_dense * 1e3:.3f} ms; "
+        f"measured ratio {t_sparse / t_dense:.3f}, ideal FLOP ratio {live / capacity:.3f}"
+    )
+    benchmark.extra_info.update({"ideal_ratio": live / capacity, "measured_ratio": t_sparse / t_dense})
+
+
 # ------------------------------------------------------------------------- GPU timing harness
 
 
@@ -354,9 +376,38 @@ def _time_saliency_and_rows(t: Timing) -> list[dict]:
     return rows
 
 
+def _time_row_linear(t: Timing) -> list[dict]:
+    batch, _, response, d_model, _, dtype = _shapes(t)
+    capacity = batch * response  # the response rows of a response-only step
+    ffn = 12288 if not t.dry_run else 96  # LLaDA-8B's MLP width
+    widths = [("K/V projection", d_model, d_model), ("FFN up", d_model, ffn), ("FFN down", ffn, d_model)]
+    if t.quick:
+        widths = widths[1:2]
+    fracs = (0.2, 1.0) if t.quick else (0.05, 0.2, 1.0)
+    rows = []
+    for name, K, N in widths:
+        g = torch.Generator(device=t.device).manual_seed(K + N)
+        x = torch.randn(capacity, K, generator=g, device=t.device).to(dtype)
+        weight = (torch.randn(N, K, generator=g, device=t.device) / K**0.5).to(dtype)
+        dense_ms = t.ms(lambda x=x, w=weight: torch.nn.functional.linear(x, w))
+        note = tflops_note(row_linear_flops(capacity, K, N), dense_ms)
+        rows.append(row(f"F.linear {capacity} rows {name} [{K}->{N}] bf16", dense_ms, note))
+        for frac in fracs:
+            live = max(1, round(frac * capacity))
+            count = torch.tensor([live], dtype=torch.int32, device=t.device)
+            ms = t.ms(lambda x=x, w=weight, c=count: _rl.row_linear(x, w, None, c))
+            note = (
+                f"ideal FLOP ratio {live / capacity:.3f}, measured vs F.linear {ms / dense_ms:.3f}; "
+                f"{tflops_note(row_linear_flops(live, K, N), ms)} on the live rows"
+            )
+            rows.append(row(f"row_linear {live}/{capacity} rows {name} [{K}->{N}] bf16", ms, note))
+        del x, weight
+    return rows
+
+
 def run(quick: bool = False, dry_run: bool = False) -> list[dict]:
     """Timing rows of the DyLLM ops on CUDA (see the module docstring); ``dry_run``: on CPU."""
-    parts = [_time_saliency_and_rows, _time_partial_attention]
+    parts = [_time_saliency_and_rows, _time_partial_attention, _time_row_linear]
     return time_parts("bench_dyllm_kernels", parts, quick=quick, dry_run=dry_run)
 
 

@@ -197,6 +197,11 @@ def partial_attention_flops(lq: int, lk: int, n_sal_q: int, n_sal_k: int, H: int
     return dense, partial
 
 
+def row_linear_flops(rows: int, K: int, N: int) -> int:
+    """Matmul FLOPs of ``rows`` rows of a ``[K] -> [N]`` linear layer (the bias add left out)."""
+    return 2 * rows * K * N
+
+
 def varlen_attention_flops(lq: list[int], lk: list[int], heads: int, head_dim: int) -> int:
     return 4 * sum(a * b for a, b in zip(lq, lk)) * heads * head_dim
 

@@ -34,7 +34,7 @@ FAMILIES = {
     "seer_kernels": ("bench.bench_seer_kernels", ("mlp_sparsity", "snr_boundary"), True),
     "dyllm_kernels": (
         "bench.bench_dyllm_kernels",
-        ("cosine_saliency", "row_gather_scatter", "partial_attention"),
+        ("cosine_saliency", "row_gather_scatter", "partial_attention", "row_linear"),
         True,
     ),
     "varlen_kernels": ("bench.bench_varlen_kernels", ("varlen_attention", "slice_repack"), True),

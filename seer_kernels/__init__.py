@@ -12,11 +12,22 @@ Public ops, one module per op family named after its op (see each for shapes, dt
   word and buffers live in ``slice_repack_control.py``;
 * :func:`cosine_saliency` (``cosine_saliency.py``), :func:`gather_rows` /
   :func:`scatter_rows` (``row_gather_scatter.py``), :func:`partial_attention`
-  (``partial_attention.py``) - DyLLM saliency selection and partial attention.
+  (``partial_attention.py``), :func:`row_linear` (``row_linear.py``) - DyLLM saliency
+  selection, partial attention, and the linear layers of the salient rows.
 
-Dispatch: CUDA tensors run the Triton kernel, CPU tensors run the torch reference, and with
-``TRITON_INTERPRET=1`` CPU tensors run the Triton kernel in the interpreter (``_dispatch.py``).
-Importing the package touches no device (kernels are compiled on first launch).
+Every public op validates its arguments and computes through a registered torch op,
+``torch.ops.seer.<op>``, with a fake implementation (shapes from shapes) and its written
+buffers declared, so ``torch.compile(fullgraph=True)`` traces a layer with the ops inside and
+other frameworks' CUDA graphs can hold them. Dispatch (``_dispatch.py``): CUDA tensors run
+the Triton kernel, CPU tensors run the torch reference, and with ``TRITON_INTERPRET=1`` CPU
+tensors run the Triton kernel in the interpreter (:func:`kernel_backend` overrides).
+
+Host reads: counts and lengths may live on the device and are never read on the host on the
+CUDA path; value checks (ranges, ``cu_seqlens``, index order) run only for CPU tensors in
+eager mode. :func:`emulate_device` makes the public functions take the CUDA path on CPU
+tensors (the references compute), and :func:`in_kernel` is True inside an op's
+implementation, so an audit of host reads can run on a CPU and tell the kernels' stand-ins
+from their callers. Importing the package touches no device (kernels compile on first launch).
 
 A module and its op share a name. The functions are imported here eagerly, so the package
 attribute ``seer_kernels.<op>`` is bound to the function after the import system bound it to
@@ -27,7 +38,7 @@ and does not rebind it. Reach a module itself with ``importlib.import_module`` o
 
 from __future__ import annotations
 
-from ._dispatch import current_backend, interpreting, kernel_backend, use_triton
+from ._dispatch import current_backend, emulate_device, in_kernel, interpreting, kernel_backend, use_triton
 from .cosine_saliency import cosine_saliency, cosine_saliency_reference
 from .mlp_sparsity import mlp_sparsity, mlp_sparsity_reference, swiglu_sparsity, swiglu_sparsity_reference
 from .partial_attention import partial_attention, partial_attention_reference
@@ -44,8 +55,10 @@ __all__ = [
     "cosine_saliency",
     "cosine_saliency_reference",
     "current_backend",
+    "emulate_device",
     "gather_rows",
     "gather_rows_reference",
+    "in_kernel",
     "interpreting",
     "kernel_backend",
     "mlp_sparsity",

@@ -1,7 +1,9 @@
-"""Backend selection shared by every op in seer_kernels.
+"""Backend selection, the ``seer`` op library and the device-path rules shared by every op.
 
-Each public op validates its inputs and then asks :func:`use_triton` whether to launch the
-Triton kernel or to run the torch reference:
+Every public op validates its inputs and then computes through one registered torch op,
+``torch.ops.seer.<op>`` (defined with :func:`define_op` at import, touching no device). The
+op's implementation asks :func:`use_triton` whether to launch the Triton kernel or to run the
+torch reference:
 
 * CUDA tensor                       -> Triton kernel;
 * CPU tensor                        -> torch reference (also the router's eager fallback);
@@ -11,20 +13,43 @@ Triton kernel or to run the torch reference:
 context manager override the choice, e.g. to keep whole-model CPU tests on the fast reference
 path while the interpreter is enabled for the kernel tests in the same process.
 
+The registered ops are what ``torch.compile(fullgraph=True)`` and other frameworks' CUDA graphs
+see: each has a fake implementation that gives its outputs' shapes from its inputs' shapes, and
+each declares the buffers it writes (``Tensor(a!)``). They are plain ``torch.library`` ops
+(opaque to Inductor), not ``triton_op``: a ``triton_op``'s body doubles as its fake and is traced
+by ``torch.compile`` on every device, but on the CPU our body is the reference, which reads values
+on the host; and three kernels launch with their own ``enable_fp_fusion``, which Inductor's
+launch of a user kernel does not take (it applies its global setting), so their bits would change.
+A ``torch.library.Library`` op also dispatches with less Python around it than a ``custom_op``.
+
+Host reads: a public op reads tensor values on the host (to check them) only on its *host
+path* (:func:`host_path`): a tensor not on a GPU, in eager mode, outside :func:`emulate_device`.
+On the device path (a CUDA tensor, ``emulate_device()``, or while ``torch.compile`` traces) it
+checks shapes, dtypes and devices only, and counts stay on the device. ``emulate_device()``
+lets CPU tests run the CUDA path with the kernels' stand-ins (the reference, or the kernel in
+the interpreter) computing; every op implementation runs inside :func:`in_kernel`, so an audit
+of host reads can tell a stand-in's reads (a kernel's on a GPU) from the caller's.
+
 Nothing here touches ``triton.runtime.driver`` or queries a device at import time.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
 _VALID_BACKENDS = ("auto", "triton", "reference")
 _override = threading.local()
+_scope = threading.local()  # per thread: emulating (bool), kernel_depth (int)
+
+#: the namespace of every op: ``torch.ops.seer.<op>``
+OP_NAMESPACE = "seer"
+_LIBRARY = torch.library.Library(OP_NAMESPACE, "DEF")
 
 
 def interpreting() -> bool:
@@ -44,16 +69,22 @@ def current_backend() -> str:
 
 
 @contextlib.contextmanager
+def _thread_setting(store: threading.local, name: str, value: object) -> Iterator[None]:
+    previous = getattr(store, name, None)
+    setattr(store, name, value)
+    try:
+        yield
+    finally:
+        setattr(store, name, previous)
+
+
+@contextlib.contextmanager
 def kernel_backend(backend: str) -> Iterator[None]:
     """Force ``"triton"``, ``"reference"`` or ``"auto"`` dispatch inside a ``with`` block (per thread)."""
     if backend not in _VALID_BACKENDS:
         raise ValueError(f"backend must be one of {_VALID_BACKENDS}, got {backend!r}")
-    previous = getattr(_override, "backend", None)
-    _override.backend = backend
-    try:
+    with _thread_setting(_override, "backend", backend):
         yield
-    finally:
-        _override.backend = previous
 
 
 def use_triton(tensor: torch.Tensor) -> bool:
@@ -71,6 +102,81 @@ def use_triton(tensor: torch.Tensor) -> bool:
             )
         return True
     return False
+
+
+@contextlib.contextmanager
+def emulate_device() -> Iterator[None]:
+    """Inside the block (per thread) the public ops take their CUDA code path on CPU tensors.
+
+    No host-side value checks and no host reads in the public functions, as for CUDA tensors;
+    the op still computes on the CPU with its stand-in (the torch reference, or the kernel in
+    the interpreter when :func:`use_triton` says so). With ``seer_runtime.sync_audit.SyncAudit``
+    this counts on a CPU what a GPU step would read.
+    """
+    with _thread_setting(_scope, "emulating", True):
+        yield
+
+
+def emulating() -> bool:
+    """Whether :func:`emulate_device` is in force in this thread."""
+    return bool(getattr(_scope, "emulating", False))
+
+
+def host_path(tensor: torch.Tensor) -> bool:
+    """Whether a public op may read ``tensor``'s values on the host (to validate them).
+
+    True for a tensor not on a GPU, in eager mode, outside :func:`emulate_device`. False on the
+    device path: a CUDA tensor (a read would wait for the device), ``emulate_device()``, or while
+    ``torch.compile`` traces (a read would break the graph).
+    """
+    if torch.compiler.is_compiling():
+        return False
+    return not tensor.is_cuda and not emulating()
+
+
+def in_kernel() -> bool:
+    """True while an op implementation runs (a Triton launch, or the reference standing in for
+    the kernel): host reads made there are the kernel's, not the caller's."""
+    return getattr(_scope, "kernel_depth", 0) > 0
+
+
+def define_op(schema: str, implementation: Callable, fake: Callable) -> torch._ops.OpOverload:
+    """Register ``torch.ops.seer.<name>`` from ``schema`` (``"name(Tensor x, ...) -> ..."``).
+
+    ``implementation`` serves every device (it launches the kernel or runs the reference, as
+    :func:`use_triton` decides) with :func:`in_kernel` True; ``fake`` gives the outputs' shapes
+    and dtypes from the inputs' alone. It is the op's ``Meta`` kernel, which FakeTensor (and so
+    ``torch.compile``) runs for an op without a ``register_fake`` entry; ``register_fake`` would
+    serve too, but it inspects its caller's source at each registration (import time, see
+    bench/RESULTS.md). Ops that write a buffer declare it ``Tensor(a!)`` and return nothing for
+    it: an op output may not alias an input. Returns the default overload.
+    """
+    name = schema.split("(", 1)[0]
+
+    @functools.wraps(implementation)
+    def in_scope(*args, **kwargs):
+        # a counter rather than a context manager: this runs on every call of every op
+        _scope.kernel_depth = getattr(_scope, "kernel_depth", 0) + 1
+        try:
+            return implementation(*args, **kwargs)
+        finally:
+            _scope.kernel_depth -= 1
+
+    _LIBRARY.define(schema)
+    _LIBRARY.impl(name, in_scope, "CompositeExplicitAutograd")
+    _LIBRARY.impl(name, fake, "Meta")
+    return getattr(getattr(torch.ops, OP_NAMESPACE), name).default
+
+
+def split_count(count: int | torch.Tensor) -> tuple[torch.Tensor | None, int]:
+    """An int-or-tensor count as the ops take it: ``(tensor or None, int)``.
+
+    A device count stays a tensor (never read on the host); a host int travels as an int, so a
+    CUDA call with an int count uploads nothing.
+    """
+    if isinstance(count, torch.Tensor):
+        return count, 0
+    return None, int(count)
 
 
 def check_tensor(
@@ -92,6 +198,31 @@ def check_tensor(
     if min_dim is not None and tensor.dim() < min_dim:
         raise ValueError(f"{name} must have at least {min_dim} dims, got shape {tuple(tensor.shape)}")
     return tensor
+
+
+def check_count(
+    name: str,
+    count: object,
+    capacity: int,
+    capacity_name: str,
+    dtypes: tuple[torch.dtype, ...] = (torch.int32, torch.int64),
+) -> None:
+    """Validate an int-or-tensor row count without reading a tensor's value.
+
+    A host int must lie in ``[0, capacity]``; a tensor must have one element of one of ``dtypes``
+    (its value stays on the device: out-of-range values act as the nearest end in the kernels).
+    """
+    if isinstance(count, torch.Tensor):
+        if count.dtype not in dtypes or count.numel() != 1:
+            allowed = "/".join(str(d).replace("torch.", "") for d in dtypes)
+            raise ValueError(
+                f"{name} must be an int or an {allowed} tensor of one element, got {count.dtype} "
+                f"shape {tuple(count.shape)}"
+            )
+    elif isinstance(count, bool) or not isinstance(count, int):
+        raise TypeError(f"{name} must be an int or an int32 [1] tensor, got {type(count).__name__}")
+    elif not 0 <= count <= capacity:
+        raise ValueError(f"{name} must be in [0, {capacity}] ({capacity_name}), got {count}")
 
 
 def check_same_device(**tensors: torch.Tensor | None) -> None:

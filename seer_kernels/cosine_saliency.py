@@ -231,6 +231,30 @@ def cosine_saliency_reference(
     return index, count, sim
 
 
+def _cosine_saliency_impl(ctx, ctx_cache, tau, n_rows, n_rows_int, index, count, similarity) -> None:
+    live = n_rows if n_rows is not None else n_rows_int
+    if not _dispatch.use_triton(ctx):
+        ref_index, ref_count, ref_sim = cosine_saliency_reference(
+            ctx, ctx_cache, tau, n_rows=live, capacity=index.shape[0]
+        )
+        index.copy_(ref_index)
+        count.copy_(ref_count.reshape(count.shape))
+        similarity.copy_(ref_sim)
+        return
+    N = ctx.shape[0]
+    D = math.prod(ctx.shape[1:])
+    _cosine_saliency_triton(ctx.reshape(N, D), ctx_cache.reshape(N, D), tau, live, index, count, similarity)
+
+
+# the registered op (seer_kernels._dispatch): validated arguments, the buffers allocated by the caller
+_cosine_saliency_op = _dispatch.define_op(
+    "cosine_saliency(Tensor ctx, Tensor ctx_cache, float tau, Tensor? n_rows, int n_rows_int, Tensor(a!) index, "
+    "Tensor(b!) count, Tensor(c!) similarity) -> ()",
+    _cosine_saliency_impl,
+    lambda *args: None,
+)
+
+
 def _check_ctx(name: str, t: object) -> torch.Tensor:
     _dispatch.check_tensor(name, t, dtypes=(torch.float16, torch.bfloat16, torch.float32))
     if t.dim() not in (2, 3):
@@ -298,17 +322,8 @@ def cosine_saliency(
     N = ctx.shape[0]
     max_rows = N
     if n_rows is not None:
-        if isinstance(n_rows, torch.Tensor):
-            if n_rows.dtype != torch.int32 or n_rows.numel() != 1:
-                raise ValueError(
-                    f"n_rows must be an int or an int32 tensor of one element, got {n_rows.dtype} "
-                    f"shape {tuple(n_rows.shape)}"
-                )
-        elif isinstance(n_rows, bool) or not isinstance(n_rows, int):
-            raise TypeError(f"n_rows must be an int or an int32 [1] tensor, got {type(n_rows).__name__}")
-        elif not 0 <= n_rows <= N:
-            raise ValueError(f"n_rows must be in [0, {N}], got {n_rows}")
-        else:
+        _dispatch.check_count("n_rows", n_rows, N, "ctx's rows", dtypes=(torch.int32,))
+        if not isinstance(n_rows, torch.Tensor):
             max_rows = n_rows
     if out_index is not None:
         _dispatch.check_tensor("out_index", out_index, dtypes=(torch.int32,), dim=1)
@@ -336,22 +351,9 @@ def cosine_saliency(
     )
 
     device = ctx.device
-    capacity = N if out_index is None else out_index.shape[0]
-    if not _dispatch.use_triton(ctx):
-        index, count, sim = cosine_saliency_reference(ctx, ctx_cache, tau, n_rows=n_rows, capacity=capacity)
-        if out_index is not None:
-            index = out_index.copy_(index)
-        if out_count is not None:
-            count = out_count.copy_(count.reshape(out_count.shape))
-        if out_similarity is not None:
-            sim = out_similarity.copy_(sim)
-        return index, count, sim
-
-    D = math.prod(ctx.shape[1:])
-    a = ctx.reshape(N, D)
-    b = ctx_cache.reshape(N, D)
-    index = out_index if out_index is not None else torch.empty(capacity, dtype=torch.int32, device=device)
+    index = out_index if out_index is not None else torch.empty(N, dtype=torch.int32, device=device)
     count = out_count if out_count is not None else torch.empty(1, dtype=torch.int32, device=device)
     sim = out_similarity if out_similarity is not None else torch.empty(N, dtype=torch.float32, device=device)
-    _cosine_saliency_triton(a, b, float(tau), N if n_rows is None else n_rows, index, count, sim)
+    n_rows_tensor, n_rows_int = _dispatch.split_count(N if n_rows is None else n_rows)
+    _cosine_saliency_op(ctx, ctx_cache, float(tau), n_rows_tensor, n_rows_int, index, count, sim)
     return index, count, sim

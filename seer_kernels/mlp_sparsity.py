@@ -262,6 +262,41 @@ def swiglu_sparsity_reference(
     return product, mlp_sparsity_reference(product, eps, lengths=lengths)
 
 
+def _mlp_sparsity_impl(act, eps, lengths) -> torch.Tensor:
+    if not _dispatch.use_triton(act):
+        return mlp_sparsity_reference(act, eps, lengths=lengths)
+    rows = _rows(act)
+    out = torch.empty(rows.shape[:2], dtype=torch.float32, device=act.device)
+    _mlp_sparsity_triton(rows, eps, None if lengths is None else lengths.reshape(-1), out)
+    return out.reshape(act.shape[:-1])
+
+
+def _swiglu_sparsity_impl(gate, up, eps, lengths, product) -> torch.Tensor:
+    if not _dispatch.use_triton(gate):
+        return swiglu_sparsity_reference(gate, up, eps, lengths=lengths, out=product)[1]
+    T, F = gate.shape[-2:]
+    R = math.prod(gate.shape[:-2])
+    sparsity = torch.empty((R, T), dtype=torch.float32, device=gate.device)
+    _swiglu_sparsity_triton(
+        _rows(gate), _rows(up), eps, None if lengths is None else lengths.reshape(-1), product.view(R, T, F), sparsity
+    )
+    return sparsity.reshape(gate.shape[:-1])
+
+
+# the registered ops (seer_kernels._dispatch): validated arguments; swiglu's product buffer
+# is allocated by the caller
+_mlp_sparsity_op = _dispatch.define_op(
+    "mlp_sparsity(Tensor act, float eps, Tensor? lengths) -> Tensor",
+    _mlp_sparsity_impl,
+    lambda act, eps, lengths: act.new_empty(act.shape[:-1], dtype=torch.float32),
+)
+_swiglu_sparsity_op = _dispatch.define_op(
+    "swiglu_sparsity(Tensor gate, Tensor up, float eps, Tensor? lengths, Tensor(a!) product) -> Tensor",
+    _swiglu_sparsity_impl,
+    lambda gate, up, eps, lengths, product: gate.new_empty(gate.shape[:-1], dtype=torch.float32),
+)
+
+
 def _check_eps(eps: object) -> float:
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
         raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
@@ -289,8 +324,8 @@ def _check_lengths(lengths: object, act: torch.Tensor, act_name: str) -> torch.T
             f"got {tuple(lengths.shape)}"
         )
     _dispatch.check_same_device(**{act_name: act, "lengths": lengths})
-    # values are checked only off-GPU: reading a CUDA tensor's values would sync the host
-    if not lengths.is_cuda and lengths.numel() > 0:
+    # values are checked on the host path only: reading a CUDA tensor's values would sync the host
+    if _dispatch.host_path(lengths) and lengths.numel() > 0:
         T = act.shape[-2]
         lo, hi = int(lengths.min()), int(lengths.max())
         if lo < 0 or hi > T:
@@ -318,8 +353,9 @@ def mlp_sparsity(act: torch.Tensor, eps: float, *, lengths: torch.Tensor | None 
         lengths: optional int32/int64 tensor of shape ``act.shape[:-2]`` on ``act``'s device:
             only the first ``lengths[...]`` tokens of each row are read; positions at or past
             the length are returned as NaN. Values must lie in ``[0, T]``: checked (ValueError)
-            for CPU tensors; on CUDA they are not checked (that would sync the host) and a row
-            with an out-of-range length comes back all NaN.
+            on the host path (CPU tensors in eager mode, ``_dispatch.host_path``); on CUDA they
+            are not checked (that would sync the host) and a row with an out-of-range length
+            comes back all NaN.
 
     Returns:
         fp32 ``[..., T]`` (contiguous) on ``act``'s device: ``count / F`` rounded once to fp32,
@@ -332,13 +368,7 @@ def mlp_sparsity(act: torch.Tensor, eps: float, *, lengths: torch.Tensor | None 
     _check_activation("act", act)
     eps = _check_eps(eps)
     lengths = _check_lengths(lengths, act, "act")
-    if not _dispatch.use_triton(act):
-        return mlp_sparsity_reference(act, eps, lengths=lengths)
-
-    rows = _rows(act)
-    out = torch.empty(rows.shape[:2], dtype=torch.float32, device=act.device)
-    _mlp_sparsity_triton(rows, eps, None if lengths is None else lengths.reshape(-1), out)
-    return out.reshape(act.shape[:-1])
+    return _mlp_sparsity_op(act, eps, lengths)
 
 
 def swiglu_sparsity(
@@ -399,15 +429,6 @@ def swiglu_sparsity(
             msg = f"out must have leading dims that merge into one, got strides {out.stride()}"
             raise ValueError(msg) from exc
     _dispatch.check_same_device(gate=gate, up=up, out=out)
-
-    if not _dispatch.use_triton(gate):
-        return swiglu_sparsity_reference(gate, up, eps, lengths=lengths, out=out)
-
     if out is None:
         out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
-    product_rows = out.view(R, T, F)
-    sparsity = torch.empty((R, T), dtype=torch.float32, device=gate.device)
-    _swiglu_sparsity_triton(
-        _rows(gate), _rows(up), eps, None if lengths is None else lengths.reshape(-1), product_rows, sparsity
-    )
-    return out, sparsity.reshape(gate.shape[:-1])
+    return out, _swiglu_sparsity_op(gate, up, eps, lengths, out)

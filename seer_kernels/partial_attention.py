@@ -607,6 +607,34 @@ def _key_corrected_update(
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
+def _partial_attention_impl(
+    q, k, v, ctx_cache, delta_v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, salient_q_mask,
+    salient_k_index, salient_k_count, salient_k_count_int, softmax_scale, k_old, out,
+) -> None:  # fmt: skip
+    count = salient_k_count if salient_k_count is not None else salient_k_count_int
+    if not _dispatch.use_triton(q):
+        partial_attention_reference(
+            q, k, v, ctx_cache, delta_v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, salient_q_mask,
+            salient_k_index, count, softmax_scale=softmax_scale, k_old=k_old, out=out,
+        )  # fmt: skip
+        return
+    _partial_attention_triton(
+        q, k, v, ctx_cache, delta_v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, salient_q_mask, salient_k_index,
+        count, softmax_scale, out, k_old,
+    )  # fmt: skip
+
+
+# the registered op (seer_kernels._dispatch): validated arguments, the output allocated by the caller
+# (it may be ctx_cache itself: each element is read before it is written)
+_partial_attention_op = _dispatch.define_op(
+    "partial_attention(Tensor q, Tensor k, Tensor v, Tensor ctx_cache, Tensor delta_v, Tensor cu_seqlens_q, "
+    "Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, Tensor salient_q_mask, Tensor salient_k_index, "
+    "Tensor? salient_k_count, int salient_k_count_int, float softmax_scale, Tensor? k_old, Tensor(a!) out) -> ()",
+    _partial_attention_impl,
+    lambda *args: None,
+)
+
+
 def _check_cu(name: str, cu: object, total: int, max_len: int, batch: int | None) -> torch.Tensor:
     _dispatch.check_tensor(name, cu, dtypes=(torch.int32,), dim=1)
     if cu.shape[0] < 1 or (batch is not None and cu.shape[0] != batch + 1):
@@ -614,7 +642,7 @@ def _check_cu(name: str, cu: object, total: int, max_len: int, batch: int | None
         raise ValueError(f"{name} must have {want} (B + 1), got shape {tuple(cu.shape)}")
     if not cu.is_contiguous():
         raise ValueError(f"{name} must be contiguous")
-    if not cu.is_cuda and cu.numel():  # free on CPU; on CUDA it would need a host sync
+    if _dispatch.host_path(cu) and cu.numel():  # free on CPU; on CUDA it would need a host sync
         lens = cu[1:] - cu[:-1]
         if int(cu[0]) < 0 or int(cu[-1]) > total or (lens.numel() and int(lens.min()) < 0):
             raise ValueError(f"{name} must be non-decreasing within [0, {total}], got {cu.tolist()}")
@@ -656,11 +684,12 @@ def partial_attention(
         cu_seqlens_q, cu_seqlens_k: int32 ``[B + 1]`` exclusive prefix sums (flash-attention
             convention).
         max_seqlen_q, max_seqlen_k: ints, at least every sequence's query / key length (rows
-            past ``max_seqlen_q`` would not be computed; checked on CPU, not on CUDA).
+            past ``max_seqlen_q`` would not be computed; checked on the host path, not on CUDA).
         salient_q_mask: bool ``[Tq]``; True rows get exact attention.
         salient_k_index: int32 ``[cap]``: slots ``[0, count)`` hold the packed key rows whose
             K/V were recomputed this layer, **strictly ascending** (the kernel binary-searches
-            each sequence's range; checked on CPU only). Slots past the count are never read.
+            each sequence's range; checked on the host path only, ``_dispatch.host_path``). Slots
+            past the count are never read.
             Salient keys outside a query's own sequence do not affect it.
         salient_k_count: int32 ``[1]`` device tensor (or a Python int) with the live slots;
             device values outside ``[0, cap]`` act as the nearest end.
@@ -742,18 +771,7 @@ def partial_attention(
         raise ValueError(
             f"salient_q_mask must be a contiguous bool [{Tq}], got shape {tuple(salient_q_mask.shape)}"
         )
-    if isinstance(salient_k_count, torch.Tensor):
-        if salient_k_count.dtype != torch.int32 or salient_k_count.numel() != 1:
-            raise ValueError(
-                f"salient_k_count must be an int32 tensor of one element, got {salient_k_count.dtype} "
-                f"shape {tuple(salient_k_count.shape)}"
-            )
-    elif isinstance(salient_k_count, bool) or not isinstance(salient_k_count, int):
-        raise TypeError(
-            f"salient_k_count must be an int32 [1] tensor or an int, got {type(salient_k_count).__name__}"
-        )
-    elif not 0 <= salient_k_count <= cap:
-        raise ValueError(f"salient_k_count must be in [0, {cap}], got {salient_k_count}")
+    _dispatch.check_count("salient_k_count", salient_k_count, cap, "salient_k_index's capacity", dtypes=(torch.int32,))
     if softmax_scale is not None:
         if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
             raise TypeError(f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}")
@@ -781,7 +799,7 @@ def partial_attention(
         salient_k_count=salient_k_count if isinstance(salient_k_count, torch.Tensor) else None,
         out=out,
     )
-    if not salient_k_index.is_cuda:  # free on CPU; on CUDA it would need a host sync
+    if _dispatch.host_path(salient_k_index):  # free on CPU; on CUDA it would need a host sync
         n = salient_k_count if isinstance(salient_k_count, int) else int(salient_k_count.reshape(()))
         live = salient_k_index[: min(max(n, 0), cap)]
         if live.numel() and (
@@ -793,40 +811,11 @@ def partial_attention(
             )
 
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
-    if not _dispatch.use_triton(q):
-        return partial_attention_reference(
-            q,
-            k,
-            v,
-            ctx_cache,
-            delta_v,
-            cu_seqlens_q,
-            cu_seqlens_k,
-            max_seqlen_q,
-            max_seqlen_k,
-            salient_q_mask,
-            salient_k_index,
-            salient_k_count,
-            softmax_scale=scale,
-            k_old=k_old,
-            out=out,
-        )
     if out is None:
         out = torch.zeros_like(q)
-    _partial_attention_triton(
-        q,
-        k,
-        v,
-        ctx_cache,
-        delta_v,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        max_seqlen_q,
-        salient_q_mask,
-        salient_k_index,
-        salient_k_count,
-        scale,
-        out,
-        k_old,
-    )
+    count_tensor, count_int = _dispatch.split_count(salient_k_count)
+    _partial_attention_op(
+        q, k, v, ctx_cache, delta_v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, salient_q_mask,
+        salient_k_index, count_tensor, count_int, scale, k_old, out,
+    )  # fmt: skip
     return out

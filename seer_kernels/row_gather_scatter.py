@@ -210,6 +210,35 @@ def scatter_rows_reference(
     return dst
 
 
+def _gather_rows_impl(src, index, count, count_int, zero_tail, out) -> None:
+    live = count if count is not None else count_int
+    if not _dispatch.use_triton(src):
+        gather_rows_reference(src, index, live, out=out, zero_tail=zero_tail)
+        return
+    _gather_rows_triton(_rows_2d("src", src), index, live, _rows_2d("out", out), zero_tail)
+
+
+def _scatter_rows_impl(dst, index, count, count_int, src) -> None:
+    live = count if count is not None else count_int
+    if not _dispatch.use_triton(dst):
+        scatter_rows_reference(dst, index, live, src)
+        return
+    _scatter_rows_triton(_rows_2d("dst", dst), index, live, _rows_2d("src", src))
+
+
+# the registered ops (seer_kernels._dispatch): validated arguments, buffers allocated by the caller
+_gather_rows_op = _dispatch.define_op(
+    "gather_rows(Tensor src, Tensor index, Tensor? count, int count_int, bool zero_tail, Tensor(a!) out) -> ()",
+    _gather_rows_impl,
+    lambda src, index, count, count_int, zero_tail, out: None,
+)
+_scatter_rows_op = _dispatch.define_op(
+    "scatter_rows(Tensor(a!) dst, Tensor index, Tensor? count, int count_int, Tensor src) -> ()",
+    _scatter_rows_impl,
+    lambda dst, index, count, count_int, src: None,
+)
+
+
 def _rows_2d(name: str, t: torch.Tensor) -> torch.Tensor:
     """View ``t`` as ``[rows, prod(trailing)]`` without copying (writes must land in ``t``)."""
     if t.dim() == 2:
@@ -224,23 +253,13 @@ def _check_common(index: object, count: object) -> torch.Tensor:
     _dispatch.check_tensor("index", index, dtypes=_INDEX_DTYPES, dim=1)
     if not index.is_contiguous():
         raise ValueError("index must be contiguous")
-    capacity = index.shape[0]
-    if isinstance(count, torch.Tensor):
-        if count.dtype not in _INDEX_DTYPES or count.numel() != 1:
-            raise ValueError(
-                f"count must be an int or an int32/int64 tensor of one element, got {count.dtype} "
-                f"shape {tuple(count.shape)}"
-            )
-    elif isinstance(count, bool) or not isinstance(count, int):
-        raise TypeError(f"count must be an int or an int32 [1] tensor, got {type(count).__name__}")
-    elif not 0 <= count <= capacity:
-        raise ValueError(f"count must be in [0, {capacity}] (the index capacity), got {count}")
+    _dispatch.check_count("count", count, index.shape[0], "the index capacity")
     return index
 
 
 def _check_index_values(index: torch.Tensor, count: int | torch.Tensor, n_rows: int, *, unique: bool) -> None:
-    """On CPU the live index values cost nothing to check; on CUDA that would need a host sync."""
-    if index.is_cuda:
+    """On the host path the live index values cost nothing to check; on a GPU that would need a sync."""
+    if not _dispatch.host_path(index):
         return
     n = int(_live_mask(count, index.shape[0], index.device).sum())
     live = index[:n]
@@ -264,8 +283,9 @@ def gather_rows(
         src: ``[N, *F]`` fp16/bf16/fp32/fp64, any strides (trailing dims must flatten to one
             without a copy when there are more than one).
         index: int32/int64 ``[capacity]`` contiguous; slots ``j < count`` hold row ids in
-            ``[0, N)`` (checked on CPU only: a CUDA check would need a host sync); slots at or
-            past ``count`` are never read as row ids (``-1`` padding is fine).
+            ``[0, N)`` (checked on the host path only, ``_dispatch.host_path``: a CUDA check would
+            need a host sync); slots at or past ``count`` are never read as row ids (``-1``
+            padding is fine).
         count: number of live slots: a Python int in ``[0, capacity]``, or an int32/int64
             tensor of one element on the device (values outside ``[0, capacity]`` act as the
             nearest end; not checked, that would need a host sync).
@@ -287,15 +307,15 @@ def gather_rows(
     _dispatch.check_same_device(
         src=src, index=index, count=count if isinstance(count, torch.Tensor) else None, out=out
     )
-    src2 = _rows_2d("src", src)
+    _rows_2d("src", src)
     _check_index_values(index, count, src.shape[0], unique=False)
     if out is None:
         out = torch.empty((capacity, *src.shape[1:]), dtype=src.dtype, device=src.device)
         if not zero_tail:
             out.zero_()  # a fresh buffer has no previous contents worth keeping
-    if not _dispatch.use_triton(src):
-        return gather_rows_reference(src, index, count, out=out, zero_tail=zero_tail)
-    _gather_rows_triton(src2, index, count, _rows_2d("out", out), zero_tail)
+    else:
+        _rows_2d("out", out)
+    _gather_rows_op(src, index, *_dispatch.split_count(count), bool(zero_tail), out)
     return out
 
 
@@ -309,8 +329,8 @@ def scatter_rows(
             one without a copy when there are more than one).
         index: int32/int64 ``[capacity]`` contiguous; slots ``j < count`` hold **unique** row
             ids in ``[0, N)``. Duplicates are forbidden: on a GPU the last writer is not
-            deterministic. Range and uniqueness are checked on CPU only (a CUDA check would
-            need a host sync). Slots at or past ``count`` are never read.
+            deterministic. Range and uniqueness are checked on the host path only (a CUDA
+            check would need a host sync). Slots at or past ``count`` are never read.
         count: as in :func:`gather_rows`.
         src: ``[capacity, *F]`` of ``dst``'s dtype; rows ``j >= count`` are ignored.
 
@@ -326,9 +346,8 @@ def scatter_rows(
     _dispatch.check_same_device(
         dst=dst, index=index, count=count if isinstance(count, torch.Tensor) else None, src=src
     )
-    dst2 = _rows_2d("dst", dst)
+    _rows_2d("dst", dst)
+    _rows_2d("src", src)
     _check_index_values(index, count, dst.shape[0], unique=True)
-    if not _dispatch.use_triton(dst):
-        return scatter_rows_reference(dst, index, count, src)
-    _scatter_rows_triton(dst2, index, count, _rows_2d("src", src))
+    _scatter_rows_op(dst, index, *_dispatch.split_count(count), src)
     return dst

@@ -1,28 +1,219 @@
 """A linear layer over the first ``count`` rows of a fixed-capacity buffer (DyLLM's sparse rows).
 
-``out[:count] = x[:count] @ weight.T + bias``; rows at or past ``count`` are zero. ``count`` may
-live on the device, so the caller never reads it on the host.
+``out[:count] = x[:count] @ weight.T + bias``; rows at or past ``count`` are zero. DyLLM's sparse
+steps run the K/V projections and the FFN for the salient rows only: those rows are gathered into
+a ``[capacity, K]`` block whose live count stays on the device, so the layer computes on the live
+rows without the host ever learning how many there are.
+
+Kernel: a tiled GEMM, one program per ``BLOCK_M x BLOCK_N`` output tile (grouped along M so that
+a weight tile is reused from L2), fp32 accumulation with ``tl.dot``. A tile whose rows all lie
+at or past the count skips the K loop and only writes its zeros, so the work is
+``ceil(count / BLOCK_M) * BLOCK_M`` rows of a full GEMM plus the zero writes of the rest.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from . import _dispatch
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+_CONFIGS = _dispatch.single_config_when_interpreting(
+    [
+        # first entry: the one the interpreter uses; its cost is per program, so tiles as wide as a
+        # tiny model's layers (the kernel tests size their shapes off these to cross tile edges)
+        triton.Config({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 2}, num_warps=4, num_stages=1),
+        # Hopper-sized tiles for bf16/fp16 (fp32 ieee dots fit the smaller ones)
+        triton.Config({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=8, num_stages=3),
+        triton.Config({"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=8, num_stages=3),
+        triton.Config({"BLOCK_M": 64, "BLOCK_N": 256, "BLOCK_K": 32, "GROUP_M": 8}, num_warps=8, num_stages=4),
+        triton.Config({"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=4, num_stages=4),
+        triton.Config({"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=4, num_stages=4),
+        triton.Config({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=4, num_stages=3),
+        triton.Config({"BLOCK_M": 32, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=4, num_stages=4),
+        triton.Config({"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8}, num_warps=4, num_stages=3),
+    ]
+)
 
 
-def row_linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                         count: int | torch.Tensor) -> torch.Tensor:
-    """Torch reference: ``F.linear`` on exactly the live rows (bitwise what it gives on them)."""
+@triton.autotune(configs=_CONFIGS, key=["M", "N", "K"])
+@triton.jit(do_not_specialize=["count_val"])
+def _row_linear_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    out_ptr,
+    count_ptr,
+    count_val,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_xk,
+    stride_wn,
+    stride_wk,
+    stride_om,
+    stride_on,
+    HAS_BIAS: tl.constexpr,
+    HAS_COUNT_PTR: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+    UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    n_m = tl.cdiv(M, BLOCK_M)
+    n_n = tl.cdiv(N, BLOCK_N)
+    # grouped order: GROUP_M consecutive row tiles walk the weight's column tiles together
+    per_group = GROUP_M * n_n
+    first_m = (pid // per_group) * GROUP_M
+    group_rows = tl.minimum(n_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % group_rows
+    pid_n = (pid % per_group) // group_rows
+
+    if HAS_COUNT_PTR:
+        count = tl.load(count_ptr).to(tl.int64)
+    else:
+        count = count_val.to(tl.int64)
+    count = tl.minimum(tl.maximum(count, 0), M)
+
+    offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    live = offs_m < count
+    n_ok = offs_n < N
+    # a tile wholly at or past the count reads nothing: it only writes zeros
+    k_end = tl.where(pid_m.to(tl.int64) * BLOCK_M < count, K, 0)
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk
+    w_ptrs = w_ptr + offs_n[None, :] * stride_wn + offs_k[:, None] * stride_wk
+    for k0 in range(0, k_end, BLOCK_K):
+        k_ok = (k0 + offs_k) < K
+        a = tl.load(x_ptrs, mask=live[:, None] & k_ok[None, :], other=0.0)
+        b = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        if UPCAST:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b, acc, input_precision=DOT_PREC)
+        x_ptrs += BLOCK_K * stride_xk
+        w_ptrs += BLOCK_K * stride_wk
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    acc = tl.where(live[:, None], acc, 0.0)
+    out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=(offs_m < M)[:, None] & n_ok[None, :])
+
+
+def _row_linear_triton(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, count: int | torch.Tensor, out: torch.Tensor
+) -> None:
+    """Launch on validated ``x [M, K]``, ``weight [N, K]``, ``bias [N]`` or None into ``out [M, N]``."""
+    M, K = x.shape
+    N = weight.shape[0]
+    if M == 0 or N == 0:
+        return
+    count_tensor, count_int = _dispatch.split_count(count)
+    # bf16 arithmetic is silently wrong in the interpreter: there the dots run on fp32 copies
+    upcast = _dispatch.interpreting() and x.dtype == torch.bfloat16
+    grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)  # noqa: E731
+    _row_linear_kernel[grid](
+        x,
+        weight,
+        bias if bias is not None else weight,  # dummy pointer, never read without a bias
+        out,
+        count_tensor if count_tensor is not None else out,  # dummy pointer when the count is an int
+        count_int,
+        M,
+        N,
+        K,
+        x.stride(0),
+        x.stride(1),
+        weight.stride(0),
+        weight.stride(1),
+        out.stride(0),
+        out.stride(1),
+        HAS_BIAS=bias is not None,
+        HAS_COUNT_PTR=count_tensor is not None,
+        # fp32 must not silently drop to tf32 (F.linear's default does not either)
+        DOT_PREC="ieee" if x.dtype == torch.float32 or upcast else "tf32",
+        UPCAST=upcast,
+    )
+
+
+def row_linear_reference(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, count: int | torch.Tensor
+) -> torch.Tensor:
+    """Torch reference: ``F.linear`` on exactly the live rows (bitwise what it gives on them).
+
+    Reads a tensor ``count`` on the host (a sync on CUDA); a count outside ``[0, capacity]`` acts
+    as the nearest end, as in the kernel.
+    """
     n = int(count.reshape(()).item()) if isinstance(count, torch.Tensor) else int(count)
+    n = min(max(n, 0), x.shape[0])
     out = x.new_zeros((x.shape[0], weight.shape[0]))
     out[:n] = F.linear(x[:n], weight, bias)
     return out
 
 
-def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-               count: int | torch.Tensor) -> torch.Tensor:
-    """``x [capacity, K]``, ``weight [N, K]``, ``bias [N]`` or None, ``count`` an int or a one-element
-    int tensor in ``[0, capacity]`` -> ``[capacity, N]`` (rows past ``count`` zero)."""
-    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
-        raise ValueError(f"x must be [capacity, K] and weight [N, K], got {tuple(x.shape)} and {tuple(weight.shape)}")
-    return row_linear_reference(x, weight, bias, count)
+def _row_linear_impl(x, weight, bias, count, count_int) -> torch.Tensor:
+    live = count if count is not None else count_int
+    if not _dispatch.use_triton(x):
+        return row_linear_reference(x, weight, bias, live)
+    out = torch.empty((x.shape[0], weight.shape[0]), dtype=x.dtype, device=x.device)
+    _row_linear_triton(x, weight, bias, live, out)
+    return out
+
+
+# the registered op (seer_kernels._dispatch): validated arguments
+_row_linear_op = _dispatch.define_op(
+    "row_linear(Tensor x, Tensor weight, Tensor? bias, Tensor? count, int count_int) -> Tensor",
+    _row_linear_impl,
+    lambda x, weight, bias, count, count_int: x.new_empty((x.shape[0], weight.shape[0])),
+)
+
+
+def row_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, count: int | torch.Tensor
+) -> torch.Tensor:
+    """``F.linear`` of the first ``count`` rows of ``x``; the other rows of the result are zero.
+
+    Args:
+        x: ``[capacity, K]`` fp16/bf16/fp32, any strides.
+        weight: ``[N, K]`` of ``x``'s dtype and device (``nn.Linear.weight``), any strides.
+        bias: ``[N]`` of ``x``'s dtype, or None.
+        count: live rows: a Python int in ``[0, capacity]``, or an int32/int64 tensor of one
+            element on ``x``'s device, never read on the host (values outside ``[0, capacity]``
+            act as the nearest end; not checked, that would need a host sync).
+
+    Returns:
+        ``[capacity, N]`` in ``x``'s dtype: ``out[:count] = x[:count] @ weight.T + bias``,
+        accumulated in fp32 (IEEE fp32 dots for fp32 inputs, never tf32), the bias added in fp32
+        and the sum rounded once; rows at or past ``count`` are zero. ``K = 0`` gives the bias
+        (zeros without one) on the live rows; ``capacity = 0`` or ``N = 0`` an empty result.
+        Under the Triton interpreter bf16 dots run in fp32 (its bf16 arithmetic is wrong).
+
+    No host synchronisation on CUDA (graph-capturable); the first CUDA call per ``(capacity, N,
+    K)`` and dtype autotunes the tile sizes on that call's count, so warm up before a capture.
+    """
+    _dispatch.check_tensor("x", x, dtypes=_DTYPES, dim=2)
+    _dispatch.check_tensor("weight", weight, dtypes=(x.dtype,), dim=2)
+    if weight.shape[1] != x.shape[1]:
+        raise ValueError(
+            f"weight must be [N, K] with K = {x.shape[1]} (x's columns), got {tuple(weight.shape)}"
+        )
+    if bias is not None:
+        _dispatch.check_tensor("bias", bias, dtypes=(x.dtype,), dim=1)
+        if bias.shape[0] != weight.shape[0]:
+            raise ValueError(f"bias must be [N] = [{weight.shape[0]}], got {tuple(bias.shape)}")
+    _dispatch.check_count("count", count, x.shape[0], "x's capacity rows")
+    _dispatch.check_same_device(
+        x=x, weight=weight, bias=bias, count=count if isinstance(count, torch.Tensor) else None
+    )
+    return _row_linear_op(x, weight, bias, *_dispatch.split_count(count))

@@ -566,6 +566,36 @@ def slice_repack_reference(
     return result
 
 
+def _slice_repack_impl(
+    values, keep_len, positions, row_ids, micro_buckets, packed_buckets, batch_buckets, tau_pad, eager_max_bucket,
+    pad_value, route, *buffers,
+) -> None:  # fmt: skip
+    out = SliceRepackOutput(*buffers)
+    route = ControlValues(*route) if route is not None else None
+    options = dict(tau_pad=tau_pad, eager_max_bucket=eager_max_bucket, pad_value=pad_value, out=out, route=route)
+    tables = (micro_buckets, packed_buckets, batch_buckets)
+    if _dispatch.use_triton(values):
+        _slice_repack_triton(values, keep_len, positions, row_ids, *tables, **options)
+    else:
+        slice_repack_reference(
+            values, keep_len, positions=positions, row_ids=row_ids, micro_buckets=micro_buckets,
+            packed_buckets=packed_buckets, batch_buckets=batch_buckets, **options,
+        )  # fmt: skip
+
+
+# the registered op (seer_kernels._dispatch): validated arguments; it writes the control word and
+# the buffers of SliceRepackOutput (BUFFER_FIELDS, in that order)
+_slice_repack_op = _dispatch.define_op(
+    "slice_repack(Tensor values, Tensor keep_len, Tensor? positions, Tensor? row_ids, Tensor micro_buckets, "
+    "Tensor packed_buckets, Tensor batch_buckets, float tau_pad, int eager_max_bucket, Scalar pad_value, "
+    "int[]? route, "
+    + ", ".join(f"Tensor({chr(ord('a') + i)}!) {name}" for i, name in enumerate(BUFFER_FIELDS))
+    + ") -> ()",
+    _slice_repack_impl,
+    lambda *args: None,
+)
+
+
 # device tensors for host tables given as sequences, so repeated calls upload nothing
 _TABLE_CACHE: dict[tuple[tuple[int, ...], str], torch.Tensor] = {}
 
@@ -578,7 +608,7 @@ def _table(name: str, table: object, device: torch.device) -> tuple[torch.Tensor
             raise ValueError(f"{name} must be on {device} like values, got {table.device}")
         if not table.is_contiguous():
             raise ValueError(f"{name} must be contiguous")
-        host = table.tolist() if table.device.type == "cpu" else None
+        host = table.tolist() if _dispatch.host_path(table) else None
         tensor = table
     elif isinstance(table, Sequence) and not isinstance(table, str):
         host = list(table)
@@ -720,17 +750,20 @@ def slice_repack(
             ``G <= 1024`` (default: all ``B`` rows, which then must be ``<= 1024``). Repeats allowed.
         micro_buckets, packed_buckets, batch_buckets: the router's sorted tables, each either a
             sequence of ints (uploaded once per device and cached) or a 1-D int32/int64 tensor on
-            ``values``' device. Tables on a GPU are not validated (that would sync) and then
-            ``out=`` is required, since their maxima size the buffers.
+            ``values``' device. Tensor tables off the host path (on a GPU, or under
+            ``emulate_device()``) are not validated (that would sync) and then ``out=`` is
+            required, since their maxima size the buffers.
         tau_pad: PWR threshold; eager_max_bucket: groups whose ``B_G`` is at most this run eager.
         pad_value: the value written into padding slots of ``values`` (a token id, or a float
             for hidden states). Padding positions are 0, mask False, seq/src index -1.
         control_host: optional pinned CPU int32 ``[CONTROL_SIZE]`` tensor; on CUDA a non-blocking
-            copy of the control word into it is enqueued after the kernel, with an event.
+            copy of the control word into it is enqueued after the kernel, with an event (also
+            non-blocking under ``emulate_device()``).
         out: optional preallocated buffers (:func:`slice_repack_buffers`); graph-captured callers
             pass persistent ones. Default: allocated for this group from the host tables.
         check: validate ``keep_len`` and ``row_ids`` ranges on the host and raise ``ValueError``.
-            Default ``None`` checks when the tensors are on the CPU; on CUDA ``True`` costs a sync.
+            Default ``None`` checks on the host path (CPU tensors in eager mode, outside
+            ``emulate_device()``); on CUDA ``True`` costs a sync.
             Unchecked bad input is never clamped: the kernel flags it in the control word's
             ``error`` entry (``ERR_*`` bits), sets the path to ``PATH_ERROR`` and writes nothing else.
         route: the layout already decided on the host (normally ``slice_repack_decision`` of the
@@ -816,7 +849,7 @@ def slice_repack(
         _check_route(route, group, seq_len, micro_host, packed_host, batch_host)
 
     if check is None:
-        check = device.type == "cpu"
+        check = _dispatch.host_path(keep_len)
     if check:
         lens = keep_len.tolist()
         rows = list(range(batch)) if row_ids is None else row_ids.tolist()
@@ -865,43 +898,16 @@ def slice_repack(
         if route.path in (PATH_VARLEN, PATH_EAGER) and route.bucket > out.packed_cap:
             raise ValueError(f"route's bucket {route.bucket} does not fit out's {out.packed_cap} packed slots")
 
-    if _dispatch.use_triton(values):
-        _slice_repack_triton(
-            values,
-            keep_len,
-            positions,
-            row_ids,
-            micro,
-            packed,
-            batchb,
-            tau_pad=tau_pad,
-            eager_max_bucket=eager_max_bucket,
-            pad_value=pad_value,
-            out=out,
-            route=route,
-        )
-    else:
-        slice_repack_reference(
-            values,
-            keep_len,
-            positions=positions,
-            row_ids=row_ids,
-            micro_buckets=micro,
-            packed_buckets=packed,
-            batch_buckets=batchb,
-            tau_pad=tau_pad,
-            eager_max_bucket=eager_max_bucket,
-            pad_value=pad_value,
-            out=out,
-            route=route,
-        )
+    _slice_repack_op(
+        values, keep_len, positions, row_ids, micro, packed, batchb, float(tau_pad), eager_max_bucket, pad_value,
+        None if route is None else list(route), *(getattr(out, f) for f in BUFFER_FIELDS),
+    )  # fmt: skip
+    if control_host is not None:
+        # on the device path (a GPU, or emulated) the copy is enqueued without waiting
+        control_host.copy_(out.control, non_blocking=not _dispatch.host_path(values))
     event = None
     if device.type == "cuda":
-        if control_host is not None:
-            control_host.copy_(out.control, non_blocking=True)
         event = torch.cuda.Event()
         event.record()
-    elif control_host is not None:
-        control_host.copy_(out.control)
     handle = ControlWord(out.control, control_host, event)
     return SliceRepackOutput(*(getattr(out, f) for f in BUFFER_FIELDS), handle=handle)

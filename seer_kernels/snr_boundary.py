@@ -184,6 +184,26 @@ def snr_boundary_reference(
     return torch.where(first < n_pos, first + 1, n).to(torch.int32)
 
 
+def _snr_boundary_impl(sparsity, valid_len, tau_jump, gamma, window, baseline_window, min_position):
+    options = dict(
+        tau_jump=tau_jump, gamma=gamma, window=window, baseline_window=baseline_window, min_position=min_position
+    )
+    if not _dispatch.use_triton(sparsity):
+        return snr_boundary_reference(sparsity, valid_len, **options)
+    out = torch.empty(sparsity.shape[0], dtype=torch.int32, device=sparsity.device)
+    _snr_boundary_triton(sparsity, valid_len, out, **options)
+    return out
+
+
+# the registered op (seer_kernels._dispatch): validated arguments
+_snr_boundary_op = _dispatch.define_op(
+    "snr_boundary(Tensor sparsity, Tensor valid_len, float tau_jump, float gamma, int window, int baseline_window, "
+    "int min_position) -> Tensor",
+    _snr_boundary_impl,
+    lambda sparsity, valid_len, *options: valid_len.new_empty(sparsity.shape[:1], dtype=torch.int32),
+)
+
+
 def _check_real(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
@@ -240,8 +260,9 @@ def snr_boundary(
           gives 0;
         * a NaN or +-inf anywhere in ``W_i`` or in the baseline values makes ``i`` not a
           boundary (the scan goes on);
-        * ``valid_len`` outside ``[0, N]`` raises ValueError for CPU tensors; on CUDA it is
-          not checked (that would sync the host) and that row's result is -1;
+        * ``valid_len`` outside ``[0, N]`` raises ValueError on the host path (CPU tensors in
+          eager mode, ``_dispatch.host_path``); on CUDA it is not checked (that would sync the
+          host) and that row's result is -1;
         * ``B = 0`` returns an empty tensor. No host synchronisation on CUDA (graph-capturable).
     """
     _dispatch.check_tensor("sparsity", sparsity, dtypes=_FLOAT_DTYPES, dim=2)
@@ -262,23 +283,12 @@ def snr_boundary(
     baseline_window = _check_int("baseline_window", baseline_window, 1)
     min_position = _check_int("min_position", min_position, 1)
     B, N = sparsity.shape
-    # values are checked only off-GPU: reading a CUDA tensor's values would sync the host
-    if not valid_len.is_cuda and B > 0:
+    # values are checked on the host path only: reading a CUDA tensor's values would sync the host
+    if _dispatch.host_path(valid_len) and B > 0:
         lo, hi = int(valid_len.min()), int(valid_len.max())
         if lo < 0 or hi > N:
             raise ValueError(
                 f"valid_len must lie in [0, {N}] (sparsity.shape[1]), got values in [{lo}, {hi}]"
             )
 
-    options = dict(
-        tau_jump=tau_jump,
-        gamma=gamma,
-        window=window,
-        baseline_window=baseline_window,
-        min_position=min_position,
-    )
-    if not _dispatch.use_triton(sparsity):
-        return snr_boundary_reference(sparsity, valid_len, **options)
-    out = torch.empty(B, dtype=torch.int32, device=sparsity.device)
-    _snr_boundary_triton(sparsity, valid_len, out, **options)
-    return out
+    return _snr_boundary_op(sparsity, valid_len, tau_jump, gamma, window, baseline_window, min_position)

@@ -346,6 +346,26 @@ def varlen_attention_reference(
     return result
 
 
+def _varlen_attention_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, causal, out):
+    if _dispatch.use_triton(q):
+        _varlen_attention_triton(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=scale, causal=causal, out=out
+        )
+    else:
+        varlen_attention_reference(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=scale, causal=causal, out=out
+        )
+
+
+# the registered op (seer_kernels._dispatch): validated arguments, the output allocated by the caller
+_varlen_attention_op = _dispatch.define_op(
+    "varlen_attention(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, "
+    "int max_seqlen_k, float softmax_scale, bool causal, Tensor(a!) out) -> ()",
+    _varlen_attention_impl,
+    lambda *args: None,
+)
+
+
 def _check_cu_seqlens_on_host(
     name: str, cu: torch.Tensor, total: int, max_seqlen: int, max_name: str
 ) -> None:
@@ -405,8 +425,9 @@ def varlen_attention(
     ``q`` beyond ``cu_seqlens_q[-1]`` (padding of a fixed-capacity buffer) are never written: a
     freshly allocated output holds zeros there, a given ``out`` keeps what it held.
 
-    ``cu_seqlens`` and the ``max_seqlen`` bounds are checked on the host when they live on the CPU;
-    on CUDA they are not checked (that would need a host sync), as in flash-attention.
+    ``cu_seqlens`` and the ``max_seqlen`` bounds are checked on the host path (CPU tensors in eager
+    mode, ``_dispatch.host_path``); on CUDA they are not checked (that would need a host sync), as
+    in flash-attention.
     Forward only; no autograd.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -457,33 +478,12 @@ def varlen_attention(
         if out.shape[-1] > 1 and out.stride(-1) != 1:
             raise ValueError(f"out must have a contiguous last dim, got strides {tuple(out.stride())}")
     _dispatch.check_same_device(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, out=out)
-    if cu_seqlens_q.device.type == "cpu":
+    if _dispatch.host_path(cu_seqlens_q):
         _check_cu_seqlens_on_host("cu_seqlens_q", cu_seqlens_q, total_q, max_seqlen_q, "max_seqlen_q")
         _check_cu_seqlens_on_host("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, "max_seqlen_k")
     scale = head_dim**-0.5 if softmax_scale is None else float(softmax_scale)
-
-    if _dispatch.use_triton(q):
-        return _varlen_attention_triton(
-            q,
-            k,
-            v,
-            cu_seqlens_q,
-            cu_seqlens_k,
-            max_seqlen_q,
-            max_seqlen_k,
-            softmax_scale=scale,
-            causal=causal,
-            out=out,
-        )
-    return varlen_attention_reference(
-        q,
-        k,
-        v,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        max_seqlen_q,
-        max_seqlen_k,
-        softmax_scale=scale,
-        causal=causal,
-        out=out,
-    )
+    if out is None:
+        # rows beyond cu_seqlens_q[-1] are never written: a fresh output reads 0 there
+        out = torch.zeros_like(q)
+    _varlen_attention_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, causal, out)
+    return out

@@ -26,6 +26,7 @@ OP_MODULES = {
     "gather_rows": "row_gather_scatter",
     "scatter_rows": "row_gather_scatter",
     "partial_attention": "partial_attention",
+    "row_linear": "row_linear",
 }
 # modules that are not an op family: the dispatch helpers, slice_repack's host-side control types
 SUPPORT_MODULES = {"_dispatch", "slice_repack_control"}

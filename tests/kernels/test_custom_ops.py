@@ -1,0 +1,426 @@
+"""seer_kernels as registered torch ops (issue 16): every public op computes through
+``torch.ops.seer.<op>``; each op's fake gives the real outputs' shapes; ``torch.compile(fullgraph=True)``
+traces a model layer of each path (padded, packed varlen, DyLLM's row set) with the ops inside and
+equals eager; and under ``emulate_device()`` the public functions read nothing on the host outside
+an op (the CUDA path, run on CPU tensors with the references standing in for the kernels)."""
+
+from __future__ import annotations
+
+import importlib
+import math
+
+import pytest
+import torch
+from torch._dynamo.testing import CompileCounterWithBackend
+from torch._subclasses import FakeTensorMode
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+import seer_kernels as sk
+from seer_kernels import emulate_device, in_kernel, kernel_backend
+from seer_kernels.slice_repack_control import BUFFER_FIELDS, slice_repack_buffers
+from seer_runtime.adapter import PackedLayout, PaddedLayout, Taps
+from tests.tiny_models import tiny
+from tests.tolerances import assert_close
+
+pytestmark = [pytest.mark.custom_ops]
+
+OPS = [
+    "mlp_sparsity", "swiglu_sparsity", "snr_boundary", "varlen_attention", "slice_repack", "cosine_saliency",
+    "gather_rows", "scatter_rows", "partial_attention", "row_linear",
+]  # fmt: skip
+TABLES = dict(micro_buckets=[4, 8], packed_buckets=[8, 16], batch_buckets=[2, 4])
+
+
+def _count(n: int) -> torch.Tensor:
+    return torch.tensor([n], dtype=torch.int32)
+
+
+def _calls() -> dict:
+    """One call of every public op, ``op -> (function, args, kwargs)``, with device (tensor) counts.
+
+    Small shapes; every host-checked value is valid, so the host path and the device path agree.
+    """
+    g = torch.Generator().manual_seed(0)
+
+    def randn(*shape):
+        return torch.randn(shape, generator=g)
+
+    T, H, d = 9, 2, 8
+    cu = torch.tensor([0, 4, 9], dtype=torch.int32)
+    key_index = torch.tensor([1, 5, 7, -1, -1, -1, -1, -1, -1], dtype=torch.int32)
+    attention = (randn(T, H, d), randn(T, H, d), randn(T, H, d), cu, cu, 5, 5)
+    return {
+        "mlp_sparsity": (sk.mlp_sparsity, (randn(2, 5, 7), 0.3), dict(lengths=torch.tensor([5, 2]))),
+        "swiglu_sparsity": (sk.swiglu_sparsity, (randn(2, 5, 7), randn(2, 5, 7), 0.3),
+                            dict(lengths=torch.tensor([3, 5]))),
+        "snr_boundary": (sk.snr_boundary, (torch.rand(3, 12, generator=g), torch.tensor([12, 7, 0])), {}),
+        "varlen_attention": (sk.varlen_attention, attention, {}),
+        "slice_repack": (sk.slice_repack, (randn(3, 6, 4), torch.tensor([5, 2, 6])),
+                         dict(TABLES, out=_repack_buffers())),
+        "cosine_saliency": (sk.cosine_saliency, (randn(7, 6), randn(7, 6), 0.5), dict(n_rows=_count(6))),
+        "gather_rows": (sk.gather_rows, (randn(6, 5), torch.tensor([4, 0, 2, -1], dtype=torch.int32), _count(3)), {}),
+        "scatter_rows": (sk.scatter_rows, (randn(6, 5), torch.tensor([4, 0, 2, -1]), _count(3), randn(4, 5)), {}),
+        "partial_attention": (
+            sk.partial_attention,
+            (*attention[:3], randn(T, H, d), randn(T, H, d), cu, cu, 5, 5, torch.rand(T, generator=g) < 0.3,
+             key_index, _count(3)),
+            dict(k_old=randn(T, H, d)),
+        ),
+        "row_linear": (sk.row_linear, (randn(6, 5), randn(3, 5), randn(3), _count(4)), {}),
+    }  # fmt: skip
+
+
+def _repack_buffers() -> sk.SliceRepackOutput:
+    out = slice_repack_buffers(batch_cap=4, bucket_cap=8, packed_cap=18, cu_len=4, dtype=torch.float32,
+                               device="cpu", hidden_dim=4)  # fmt: skip
+    return type(out)(*(getattr(out, f).zero_() for f in BUFFER_FIELDS))
+
+
+def _clone(tree):
+    def clone(x):
+        if isinstance(x, sk.SliceRepackOutput):
+            return type(x)(*(getattr(x, f).clone() for f in BUFFER_FIELDS))
+        return x.clone() if isinstance(x, torch.Tensor) else x
+
+    return tree_map(clone, tree)
+
+
+def _outputs(result) -> list[torch.Tensor]:
+    """The tensors a public op returns (slice_repack: its buffers)."""
+    if isinstance(result, torch.Tensor):
+        return [result]
+    if isinstance(result, sk.SliceRepackOutput):
+        return [getattr(result, f) for f in BUFFER_FIELDS]
+    return list(result)
+
+
+def _assert_same(a, b, msg=""):
+    for x, y in zip(_outputs(a), _outputs(b), strict=True):
+        assert torch.equal(x.nan_to_num(-7.0), y.nan_to_num(-7.0)), msg
+
+
+class SeerOps(TorchDispatchMode):
+    """Records the ``seer`` ops dispatched (the implementations themselves run unobserved)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "seer":
+            self.ops.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def test_every_public_op_is_registered_and_dispatched():
+    calls = _calls()
+    assert sorted(calls) == sorted(OPS)
+    for name, (fn, args, kwargs) in calls.items():
+        assert isinstance(getattr(torch.ops.seer, name), torch._ops.OpOverloadPacket)
+        with kernel_backend("reference"), SeerOps() as seen:
+            fn(*args, **kwargs)
+        assert seen.ops == [name], (name, seen.ops)
+
+
+# --------------------------------------------------------------------- (a) the ops themselves
+
+
+def _op_args(name: str, args: tuple, kwargs: dict) -> tuple[tuple, list[torch.Tensor]]:
+    """The registered op's arguments for a public call, and the buffers it writes."""
+    if name == "gather_rows":
+        src, index, count = args
+        out = torch.zeros(index.shape[0], *src.shape[1:])
+        return (src, index, count, 0, True, out), [out]
+    if name == "scatter_rows":
+        dst, index, count, src = args
+        return (dst, index, count, 0, src), [dst]
+    if name == "row_linear":
+        return (*args[:3], args[3], 0), []
+    if name == "cosine_saliency":
+        ctx, cache, tau = args
+        bufs = [torch.empty(ctx.shape[0], dtype=torch.int32), torch.empty(1, dtype=torch.int32),
+                torch.empty(ctx.shape[0])]  # fmt: skip
+        return (ctx, cache, tau, kwargs["n_rows"], 0, *bufs), bufs
+    if name == "partial_attention":
+        q = args[0]
+        out = torch.zeros_like(q)
+        return (*args[:11], args[11], 0, 1 / math.sqrt(q.shape[-1]), kwargs["k_old"], out), [out]
+    if name == "varlen_attention":
+        out = torch.zeros_like(args[0])
+        return (*args, args[0].shape[-1] ** -0.5, False, out), [out]
+    if name == "mlp_sparsity":
+        return (*args, kwargs["lengths"]), []
+    if name == "swiglu_sparsity":
+        product = torch.empty_like(args[0])
+        return (*args, kwargs["lengths"], product), [product]
+    if name == "snr_boundary":
+        return (*args, 0.03, 0.6, 3, 1, 1), []
+    if name == "slice_repack":
+        buffers = [getattr(kwargs["out"], f) for f in BUFFER_FIELDS]
+        tables = [torch.tensor(t, dtype=torch.int32) for t in TABLES.values()]
+        return (*args, None, None, *tables, 0.2, 4, 0, None, *buffers), buffers
+    raise AssertionError(name)
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_the_registered_op_is_the_public_function(name):
+    """The op called directly (interpreter kernels, as every kernel test) gives the public function's result."""
+    fn, args, kwargs = _calls()[name]
+    want = fn(*_clone(args), **_clone(kwargs))
+    op_args, written = _op_args(name, *_clone((args, kwargs)))
+    returned = getattr(torch.ops.seer, name)(*op_args)
+    _assert_same(want, [t for t in (*written, returned) if t is not None], name)
+
+
+# ------------------------------------------------------------------------- (b) fake kernels
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_fake_outputs_have_the_real_shapes(name):
+    """The public function on fake tensors (its device path: a fake tensor has no values to check)."""
+    fn, args, kwargs = _calls()[name]
+    if name == "slice_repack":  # tables as tensors: a sequence would be uploaded and cached as a fake
+        kwargs = dict(kwargs, **{k: torch.tensor(v, dtype=torch.int32) for k, v in TABLES.items()})
+    with kernel_backend("reference"):
+        real = fn(*_clone(args), **_clone(kwargs))
+    with FakeTensorMode() as mode, emulate_device():
+        fake_args, fake_kwargs = tree_map(
+            lambda t: mode.from_tensor(t) if isinstance(t, torch.Tensor) else t, (args, kwargs)
+        )
+        if name == "slice_repack":  # a dataclass of buffers: rebuild it from fake tensors
+            buffers = (getattr(kwargs["out"], f) for f in BUFFER_FIELDS)
+            fake_kwargs["out"] = type(kwargs["out"])(*(mode.from_tensor(t) for t in buffers))
+        fake = fn(*fake_args, **fake_kwargs)
+    for r, f in zip(_outputs(real), _outputs(fake), strict=True):
+        assert (f.shape, f.dtype, f.device) == (r.shape, r.dtype, r.device), name
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_opcheck(name):
+    """torch.library.opcheck: schema (declared mutations), fake tensors, AOT dispatch."""
+    fn, args, kwargs = _calls()[name]
+    if "lengths" in kwargs:  # full lengths: opcheck compares outputs without equal_nan
+        kwargs = dict(kwargs, lengths=torch.full_like(kwargs["lengths"], args[0].shape[-2]))
+    op_args, _ = _op_args(name, *_clone((args, kwargs)))
+    with kernel_backend("reference"):
+        torch.library.opcheck(getattr(torch.ops.seer, name).default, op_args)
+
+
+# --------------------------------------------------------- (c) torch.compile of a model layer
+
+def _layer_inputs(seed: int):
+    model = tiny("dream-v0-instruct-7b", seed=seed)  # GQA and biased K/V projections
+    g = torch.Generator().manual_seed(seed)
+    return model, g
+
+
+def _compiled_equals_eager(step, make_state, ops: set[str], backend: str = "aot_eager"):
+    """``step(*state)`` eagerly and compiled in one graph (fullgraph) holding ``ops``, from equal
+    fresh states: the outputs and the states it wrote agree (tests/tolerances.py).
+
+    ``aot_eager`` runs Dynamo, the fakes and AOT functionalisation of the declared mutations (what
+    the ops must support) without Inductor's C++ build, which costs tens of seconds on 2 cores."""
+    counter = CompileCounterWithBackend(backend)
+    eager_state, compiled_state = make_state(), make_state()
+    with kernel_backend("reference"), torch.no_grad():
+        want = step(*eager_state)
+        got = torch.compile(step, fullgraph=True, backend=counter)(*compiled_state)
+    traced = {str(n.target) for g in counter.graphs for n in g.graph.nodes if n.op == "call_function"}
+    assert counter.frame_count == 1 and {f"seer.{op}.default" for op in ops} <= traced, traced
+    for w, c in zip(_tensors((want, eager_state)), _tensors((got, compiled_state)), strict=True):
+        if w.is_floating_point():
+            assert_close(c, w)
+        else:
+            assert torch.equal(c, w)
+
+
+def _tensors(tree) -> list[torch.Tensor]:
+    return [t for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor)]
+
+
+def test_compiled_padded_layer_equals_eager():
+    """The padded path with the Seer probe tap (swiglu_sparsity inside the layer)."""
+    model, g = _layer_inputs(1)
+    B, L = 2, 7
+    positions = torch.arange(L).expand(B, L)
+    key_mask = torch.ones(B, L, dtype=torch.bool)
+    key_mask[1, :2] = False
+    cos, sin = model.rope(positions)
+
+    def step(hidden):
+        taps = Taps(mlp_sparsity_eps=0.05)
+        out = model.layer(0, hidden, PaddedLayout(positions, key_mask), rope=(cos, sin), taps=taps)
+        return out, taps.mlp_sparsity
+
+    state = lambda: (torch.randn(B, L, model.hidden_size, generator=g.manual_seed(2)),)  # noqa: E731
+    _compiled_equals_eager(step, state, {"swiglu_sparsity"})
+
+
+def test_compiled_packed_layer_equals_eager():
+    """The packed varlen path (varlen_attention inside the layer)."""
+    model, g = _layer_inputs(2)
+    cu = torch.tensor([0, 3, 10], dtype=torch.int32)
+    positions = torch.cat([torch.arange(3), torch.arange(7)])
+    layout = PackedLayout(positions, cu, cu, 7, 7)
+    cos, sin = model.rope(positions)
+
+    def step(hidden):
+        return model.layer(1, hidden, layout, rope=(cos, sin))
+
+    _compiled_equals_eager(step, lambda: (torch.randn(10, model.hidden_size, generator=g.manual_seed(3)),),
+                           {"varlen_attention"})  # fmt: skip
+
+
+class CachedRows:
+    """A small ``LayerRows`` over cached K/V, contexts and FFN outputs (as DyLLM's sparse layer):
+    K/V of the row set scattered into the caches, partial attention with the key correction,
+    the salient set from cosine_saliency, the FFN outputs scattered into their cache. Row sets
+    are fixed-capacity index buffers with int32 device counts."""
+
+    def __init__(self, keys, values, contexts, ffn_cache, kv_index, kv_count, cu, max_len, tau=0.999):
+        self.keys, self.values, self.contexts, self.ffn_cache = keys, values, contexts, ffn_cache
+        self.kv_index, self.kv_count = kv_index, kv_count
+        self.cu, self.max_len, self.tau = cu, max_len, tau
+
+    def attend(self, q, k, v):
+        index, count = self.kv_index, self.kv_count
+        delta_v = v - sk.gather_rows(self.values, index, count)
+        k_old = sk.gather_rows(self.keys, index, count)
+        sk.scatter_rows(self.keys, index, count, k)
+        sk.scatter_rows(self.values, index, count, v)
+        slots = torch.arange(index.shape[0])
+        exact = torch.zeros(q.shape[0] + 1, dtype=torch.bool).index_fill_(
+            0, torch.where(slots < count, index, q.shape[0]), True
+        )[:-1]
+        cached = self.contexts.view(q.shape)
+        return sk.partial_attention(q, self.keys, self.values, cached, delta_v, self.cu, self.cu, self.max_len,
+                                    self.max_len, exact, index.to(torch.int32), count, k_old=k_old)  # fmt: skip
+
+    def ffn_index(self, ctx):
+        index, count, _ = sk.cosine_saliency(ctx, self.contexts, self.tau)
+        self.contexts.copy_(ctx)
+        self.salient = (index.clamp(min=0).long(), count)
+        return self.salient
+
+    def ffn_output(self, out):
+        index, count = self.salient
+        sk.scatter_rows(self.ffn_cache, index, count, out)
+        return self.ffn_cache.clone()
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
+def test_compiled_row_set_layer_equals_eager(backend):
+    """DyLLM's row-set path: gather_rows, row_linear (biased K/V, the FFN), scatter_rows,
+    partial_attention and cosine_saliency inside one compiled layer, counts on the device; once
+    through Inductor too (its handling of ops that write their arguments)."""
+    model, g = _layer_inputs(3)
+    T, Hk, d = 10, model.num_kv_heads, model.head_dim
+    cu = torch.tensor([0, 4, 10], dtype=torch.int32)
+    positions = torch.cat([torch.arange(4), torch.arange(6)])
+    layout = PackedLayout(positions, cu, cu, 6, 6)
+    cos, sin = model.rope(positions)
+
+    def make_state():
+        g.manual_seed(4)
+        caches = [torch.randn(T, Hk, d, generator=g), torch.randn(T, Hk, d, generator=g),
+                  torch.randn(T, model.num_heads * d, generator=g), torch.randn(T, model.hidden_size, generator=g)]
+        index = torch.tensor([1, 2, 6, 9] + [0] * (T - 4))
+        return (torch.randn(T, model.hidden_size, generator=g), *caches, index, _count(4))
+
+    def step(hidden, keys, values, contexts, ffn_cache, index, count):
+        rows = CachedRows(keys, values, contexts, ffn_cache, index, count, cu, 6)
+        return model.layer(2, hidden, layout, rope=(cos, sin), taps=Taps(rows=rows))
+
+    ops = {"gather_rows", "row_linear", "scatter_rows", "partial_attention", "cosine_saliency"}
+    _compiled_equals_eager(step, make_state, ops, backend)
+
+
+# ----------------------------------------------- (d) the device path reads nothing on the host
+
+
+class HostReads(TorchFunctionMode):
+    """Tensor reads on the host outside an op implementation (``in_kernel()``): ``item``,
+    ``tolist``, ``int()``/``bool()``/``float()`` and ops whose output shape depends on the data."""
+
+    METHODS = {"item", "tolist", "numpy", "__int__", "__bool__", "__float__", "__index__"}
+    OPS = {"aten._local_scalar_dense", "aten.nonzero", "aten.masked_select", "aten._unique2", "aten.unique_dim",
+           "aten.unique_consecutive", "aten.equal", "aten.is_nonzero", "aten.bincount"}  # fmt: skip
+
+    def __init__(self):
+        super().__init__()
+        self.reads: list[str] = []
+        recorder = self
+
+        class Dispatch(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                name = str(func.overloadpacket)
+                bool_index = name.startswith("aten.index") and any(
+                    isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] if len(args) > 1 else [])
+                    or [])  # fmt: skip
+                if (name in HostReads.OPS or bool_index) and not in_kernel():
+                    recorder.reads.append(name)
+                return func(*args, **(kwargs or {}))
+
+        self._dispatch = Dispatch()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in self.METHODS and not in_kernel():
+            self.reads.append(f"Tensor.{func.__name__}")
+        return func(*args, **(kwargs or {}))
+
+    def __enter__(self):
+        super().__enter__()
+        self._dispatch.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._dispatch.__exit__(*exc)
+        return super().__exit__(*exc)
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_device_path_reads_nothing_on_the_host(name):
+    fn, args, kwargs = _calls()[name]
+    with kernel_backend("reference"):
+        host = fn(*_clone(args), **_clone(kwargs))
+        with emulate_device(), HostReads() as recorder:
+            emulated = fn(*_clone(args), **_clone(kwargs))
+    assert recorder.reads == [], f"{name} read on the host outside a kernel: {recorder.reads}"
+    _assert_same(host, emulated, name)
+
+
+def test_the_recorder_sees_host_checks_outside_emulation():
+    # the host path checks values (lengths, cu_seqlens, index ranges): the same calls must be seen reading
+    read = []
+    for name, (fn, args, kwargs) in _calls().items():
+        with kernel_backend("reference"), HostReads() as recorder:
+            fn(*_clone(args), **_clone(kwargs))
+        read += [name] if recorder.reads else []
+    assert set(read) >= {"mlp_sparsity", "snr_boundary", "varlen_attention", "slice_repack", "gather_rows",
+                         "scatter_rows", "partial_attention"}  # fmt: skip
+
+
+def test_slice_repack_tensor_tables_need_out_on_the_device_path():
+    values, keep_len = torch.randn(2, 6, 4), torch.tensor([3, 5])
+    tables = {k: torch.tensor(v, dtype=torch.int32) for k, v in TABLES.items()}
+    sk.slice_repack(values, keep_len, **tables)  # host path: the tables are read to size the buffers
+    with emulate_device(), pytest.raises(ValueError, match="out="):
+        sk.slice_repack(values, keep_len, **tables)
+
+
+def test_op_implementations_run_in_kernel(monkeypatch):
+    module = importlib.import_module("seer_kernels.row_linear")
+    seen = []
+    reference = module.row_linear_reference
+
+    def spy(*args, **kwargs):
+        seen.append(in_kernel())
+        return reference(*args, **kwargs)
+
+    monkeypatch.setattr(module, "row_linear_reference", spy)
+    assert not in_kernel()
+    with kernel_backend("reference"):
+        sk.row_linear(torch.randn(3, 2), torch.randn(4, 2), None, _count(2))
+    assert seen == [True] and not in_kernel()
