@@ -29,6 +29,7 @@ import torch
 from .adapter import PackedLayout, PaddedLayout, PrefixKV, Taps
 from .config import GenerationConfig
 from .plans import DecodingRules, StepPlan, dream_plan, llada_plan
+from .policy import DecodePolicy
 from .profiling import prange
 from .sampling import NEG_INF, RandomSource, dream_sample_tokens, llada_step, select_topk
 from .schedules import dream_count
@@ -268,32 +269,66 @@ class DecodeRun:
         return self.device_tensor(rows)
 
     def device_tensor(self, values: list[int], dtype: torch.dtype = torch.long) -> torch.Tensor:
-        """Host ints as a device tensor, copied once per distinct value list (index lists, block
-        ends) and reused by every step that needs the same one."""
+        """Host ints as a device tensor, uploaded once per distinct value list (index lists, block
+        ends; through pinned memory, a copy the host does not wait for) and reused by every step
+        that needs the same one."""
         key = (dtype, *values)
         t = self._device_tensors.get(key)
         if t is None:
             if len(self._device_tensors) >= 256:  # the lists change rarely; keep the table small
                 self._device_tensors.clear()
-            t = self._device_tensors[key] = torch.tensor(values, dtype=dtype, device=self.device)
+            t = self._device_tensors[key] = self.upload(values, dtype)
         return t
 
     # -- one forward --------------------------------------------------------------------------
     def forward(self, rows: list[int], step: int, *, width: int | None = None) -> torch.Tensor:
         """Logits ``[R, W', V]`` of the windows of ``rows``, padded to ``width`` positions
         (default the longest window of ``rows``; positions past a row's window are masked)."""
+        fwd = self.plan_padded(rows, step, width)
+        with prange("forward"):
+            logits = self.run_keyed(self.forward_key(fwd, "padded"), rows, lambda: self.compute_padded(fwd))
+        return self.finish_forward(fwd, logits)
+
+    def plan_padded(self, rows: list[int], step: int, width: int | None = None) -> Forward:
+        """A padded forward of ``rows`` at ``step``, planned by every policy (``plan_forward``)."""
         fwd = Forward(rows, self.row_index(rows), step, self.window.longest(rows) if width is None else width)
         for p in self.policies:
             p.plan_forward(self, fwd)
+        return fwd
+
+    def compute_padded(self, fwd: Forward) -> torch.Tensor:
+        """A planned padded forward's device work: layout, layers, window logits (guidance applied)."""
+        self.lay_out(fwd)
+        self.run_forward(fwd)
+        return self.combine_guidance(self.window_logits(fwd), fwd.cfg)
+
+    def forward_and_sample(self, rows: list[int], step: int) -> bool:
+        """The step's padded forward and its token choice as one graph unit, when the choice is
+        a function of the logits and the plan alone (LLaDA family, no random draw; no policy
+        runs the forward itself). False: not this step (the caller runs them apart)."""
+        g = self.gen
+        if (self.graphs.backend is None or self.rules.family != "llada" or g.temperature > 0
+                or g.remasking == "random" or any(type(p).execute is not DecodePolicy.execute for p in self.policies)):
+            return False
+        fwd = self.plan_padded(rows, step)
+        plans = [self.plans[r] for r in rows]
+        counts, ends = tuple(p.counts[step] for p in plans), tuple(p.block_ends[step] for p in plans)
+        key = self.forward_key(fwd, "padded+sampled", counts, ends)
+        if key is None:
+            logits = self.run_keyed(None, rows, lambda: self.compute_padded(fwd))
+            self.sample(rows, self.finish_forward(fwd, logits), step)
+            return True
 
         def compute() -> torch.Tensor:
-            self.lay_out(fwd)
-            self.run_forward(fwd)
-            return self.combine_guidance(self.window_logits(fwd), fwd.cfg)
+            logits = self.compute_padded(fwd)
+            return self._choose_llada(rows, logits, step)
 
         with prange("forward"):
-            logits = self.run_keyed(self.forward_key(fwd, "padded"), rows, compute)
-        return self.finish_forward(fwd, logits)
+            self.run_keyed(key, rows, compute)
+        for p in self.policies:  # a forward with a graph key leaves its logits to the engine (DecodePolicy)
+            p.after_forward(self, fwd)
+        self._count_llada_commits(rows, step)
+        return True
 
     def finish_forward(self, fwd: Forward, logits: torch.Tensor) -> torch.Tensor:
         """The host's part after a forward ran (or replayed): ``on_logits``, then ``after_forward``."""
@@ -489,6 +524,15 @@ class DecodeRun:
             self._sample_dream(rows, logits, step)
 
     def _sample_llada(self, rows, logits, step) -> None:
+        self._choose_llada(rows, logits, step)
+        self._count_llada_commits(rows, step)
+
+    def _count_llada_commits(self, rows: list[int], step: int) -> None:
+        for r in rows:  # a step commits its count, or every mask its block has left
+            self.window.masks.commit(r, self.plans[r].block_starts[step], self.plans[r].counts[step])
+
+    def _choose_llada(self, rows: list[int], logits: torch.Tensor, step: int) -> torch.Tensor:
+        """Commit this step's tokens into ``self.tokens`` (device work only); returns the new windows."""
         g = self.gen
         width = logits.shape[1]
         masked = self.masked(rows, width)
@@ -503,8 +547,7 @@ class DecodeRun:
             softmax_fp64=self.rules.softmax_fp64, tie_break=g.tie_break, pad=pad, rand=self.rand, full_len=full_len,
         )
         self.tokens[index, :width] = new
-        for r, k in zip(rows, counts):  # a step commits its count, or every mask its block has left
-            self.window.masks.commit(r, self.plans[r].block_starts[step], k)
+        return new
 
     def _sample_dream(self, rows, logits, step) -> None:
         g = self.gen
@@ -666,13 +709,15 @@ class DecodeRun:
                 if rows:
                     self.window.device_lengths()  # refreshed here, outside any captured forward
                     t0 = time.perf_counter()
-                    logits = self.execute(rows, step)
-                    t1 = time.perf_counter()
-                    with prange("sample"):
-                        self.sample(rows, logits, step)
-                    t2 = time.perf_counter()
-                    self.stats.add_time("forward", t1 - t0)
-                    self.stats.add_time("sample", t2 - t1)
+                    if self.forward_and_sample(rows, step):
+                        self.stats.add_time("forward", time.perf_counter() - t0)  # sampling included
+                    else:
+                        logits = self.execute(rows, step)
+                        t1 = time.perf_counter()
+                        with prange("sample"):
+                            self.sample(rows, logits, step)
+                        self.stats.add_time("forward", t1 - t0)
+                        self.stats.add_time("sample", time.perf_counter() - t1)
                     for r in rows:
                         self.steps_done[r] += 1
             self.read_step_values(step)

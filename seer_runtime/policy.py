@@ -10,9 +10,12 @@ another policy.
 
 A device hook of a forward that has a graph key may run once (recorded into a CUDA graph) and
 then be replayed at later steps without its Python running: it must only issue device work on
-tensors that stay where they are, and keep host bookkeeping for ``after_forward``. A policy that
-overrides a device hook must say under which key its forwards replay (:meth:`graph_key`);
-otherwise its forwards run eagerly.
+tensors that stay where they are, and keep host bookkeeping for ``after_forward``. Such a
+forward's logits may also be consumed inside the graph (the engine fuses the token choice into
+it), so ``on_logits`` is not called for it: a policy whose ``on_logits`` changes the logits
+returns None from :meth:`graph_key` for those forwards. A policy that overrides a device hook
+or ``on_logits`` must say under which key its forwards replay (:meth:`graph_key`); otherwise
+its forwards run eagerly.
 
 The hooks, in the order a ``generate`` call reaches them::
 
@@ -74,10 +77,11 @@ class DecodePolicy:
 
     def graph_key(self, run: DecodeRun, fwd: Forward) -> tuple | None:
         """This policy's part of the forward's graph key: a hashable tuple holding everything its
-        device hooks decide on the host for this forward, or None when they cannot be replayed
-        (the forward then runs eagerly). Default: ``()`` for a policy without device hooks, None
-        for one that overrides any of them without overriding this."""
-        overridden = [h for h in _DEVICE_HOOKS if getattr(type(self), h) is not getattr(DecodePolicy, h)]
+        device hooks decide on the host for this forward, or None when they cannot be replayed or
+        its ``on_logits`` would change this forward's logits (the forward then runs eagerly).
+        Default: ``()`` for a policy without device hooks or ``on_logits``, None for one that
+        overrides any of them without overriding this."""
+        overridden = [h for h in _REPLAYED_HOOKS if getattr(type(self), h) is not getattr(DecodePolicy, h)]
         return None if overridden else ()
 
     def before_layers(self, run: DecodeRun, fwd: Forward) -> None:
@@ -116,4 +120,4 @@ class DecodePolicy:
         return None
 
 
-_DEVICE_HOOKS = ("before_layers", "layer_taps", "after_layer", "after_layers")
+_REPLAYED_HOOKS = ("before_layers", "layer_taps", "after_layer", "after_layers", "on_logits")

@@ -165,8 +165,8 @@ class SeerPolicy(DecodePolicy):
         run.window.cut_pending = False
 
     def graph_key(self, run: DecodeRun, fwd: Forward) -> tuple | None:
-        """Step 0's probing forward cuts the windows inside its layer loop: never replayed."""
-        return None if self._probing(fwd) else ()
+        """Step 0 probes and cuts (inside its layer loop, or from its logits): never replayed."""
+        return None if fwd.step == 0 else ()
 
     def layer_taps(self, run: DecodeRun, fwd: Forward, layer: int, taps: Taps) -> None:
         if self._probing(fwd) and layer in self.config.layers:
@@ -282,7 +282,8 @@ class SeerPolicy(DecodePolicy):
         self._asked = self._guard_candidates(run)
         if not self._asked:
             return None
-        return {"seer/window_status": self._window_status(run, self._asked)}
+        # every request's status (one cached index, no upload of the candidates' rows)
+        return {"seer/window_status": self._window_status(run, list(range(run.batch_size)))}
 
     def after_step(self, run: DecodeRun, step: int) -> bool:
         for b, target in list(self.pending.items()):
@@ -291,8 +292,8 @@ class SeerPolicy(DecodePolicy):
         guarded = False
         if self._asked:
             status = run.step_values["seer/window_status"]
-            for i, b in enumerate(self._asked):
-                has_mask, has_end = status[2 * i], status[2 * i + 1]
+            for b in self._asked:
+                has_mask, has_end = status[2 * b], status[2 * b + 1]
                 if run.window.masks.left(b) or has_mask:  # not filled yet (or the model wrote the mask id)
                     continue
                 if has_end:

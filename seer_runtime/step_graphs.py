@@ -163,6 +163,7 @@ class ForwardGraphs:
             return fn()
         entry.held = list(reads.tensors.values())
         self.counters.captures += 1
+        self._trim()
         if not getattr(backend, "capture_executes", False):  # CUDA records without running: run it now
             with prange("graph/replay"):
                 backend.replay(entry.handle)

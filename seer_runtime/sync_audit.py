@@ -17,7 +17,8 @@ with the range stack (``record_stacks=True`` adds the Python stack, to find the 
 Non-blocking copies (``.to(..., non_blocking=True)``, from pinned memory) are counted apart
 as ``async_reads`` / ``async_copies``: the host does not wait for them. Pair it with
 ``seer_kernels.emulate_device()`` so that the kernels' public functions run as on a GPU (no
-host-side value checks) while their references compute.
+host-side value checks) while their references compute; what a reference reads while it
+stands in for a kernel (``seer_kernels.in_kernel()``) is the kernel's work and is not counted.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
+
+from seer_kernels import in_kernel
 
 from . import profiling
 
@@ -128,6 +131,8 @@ class SyncAudit:
         return ref is not None and ref() is t
 
     def _count(self, kind: str, what: str) -> None:
+        if in_kernel():  # a kernel's stand-in (seer_kernels.emulate_device): on a GPU, the kernel's own work
+            return
         where = self._stack[-1][0] if self._stack else ""
         attr = {"read": "reads", "copy": "copies", "async_read": "async_reads", "async_copy": "async_copies"}[kind]
         for c in (self.total, self.counts.setdefault(where, SyncCounts())):

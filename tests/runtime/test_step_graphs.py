@@ -1,0 +1,111 @@
+"""Forwards replayed from graphs (``seer_runtime.step_graphs``): the first forward of a key runs
+eagerly, the second is captured, later ones replay; a replay re-runs no Python. With the
+recording backend (a CUDA graph's semantics on the CPU: recorded ops re-executed, host decisions
+frozen, host reads refused during a capture) every family and mode decodes token for token what
+it decodes eagerly, with the same statistics."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from seer_kernels import emulate_device, kernel_backend
+from seer_runtime import generate
+from seer_runtime.serving.graph_cache import FakeGraphBackend, RecordingGraphBackend
+from seer_runtime.step_graphs import ForwardGraphs, resolve_backend
+
+from ..tiny_models import tiny
+from .workloads import KINDS, batch, modes
+
+pytestmark = [pytest.mark.engine]
+
+
+def _decode(model, gen, kw, graphs):
+    ids, mask, images = batch(model)
+    kw = dict(kw)
+    if kw.get("graphs") == "fake":  # the router's own static-path cache
+        kw["graphs"] = FakeGraphBackend()
+    kw["graphs"] = graphs
+    with kernel_backend("reference"), emulate_device(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return generate(model, ids, attention_mask=mask, images=images, gen=gen, **kw)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_replayed_forwards_decode_what_eager_ones_do(kind):
+    model = tiny(kind)
+    replayed = 0
+    for name, (gen, kw) in modes(model).items():
+        eager = _decode(model, gen, kw, None)
+        backend = RecordingGraphBackend()
+        graphed = _decode(model, gen, kw, backend)
+        assert torch.equal(eager.sequences, graphed.sequences), f"{kind} {name}: sequences differ"
+        a, b = eager.stats, graphed.stats
+        assert (a.nfe, a.tokens_computed, a.tokens_computed_per_request, a.steps) == (
+            b.nfe, b.tokens_computed, b.tokens_computed_per_request, b.steps), f"{kind} {name}: statistics differ"
+        for policy in ("seer", "dyllm", "router"):
+            assert a.extra.get(policy) == b.extra.get(policy), f"{kind} {name}: {policy} statistics differ"
+        assert len(set(backend.captured)) == len(backend.captured), "each key is captured once"
+        replayed += len(backend.replayed)
+        if name in ("baseline", "dyllm:partial", "cut+router:packed"):
+            assert backend.replayed, f"{kind} {name}: steady forwards must replay"
+    assert replayed > 50
+
+
+def test_a_key_runs_eagerly_then_is_captured_then_replays():
+    backend = RecordingGraphBackend()
+    graphs = ForwardGraphs(backend)
+    state = torch.zeros(3)
+    calls = []
+
+    def forward():
+        calls.append(1)  # Python: runs at the first sight and the capture only
+        state.add_(1.0)
+        return state * 2
+
+    outs = [graphs.run(("k",), forward).clone() for _ in range(4)]
+    assert len(calls) == 2 and backend.captured == [("k",)] and len(backend.replayed) == 2
+    assert [float(o[0]) for o in outs] == [2.0, 4.0, 6.0, 8.0]  # the replays re-ran the device work
+    assert graphs.counters.as_dict() == {"eager_runs": 1, "captures": 1, "replays": 2, "failures": 0,
+                                         "evictions": 0}
+    assert graphs.run(None, forward) is not None and len(calls) == 3  # no key: always eager
+
+
+def test_a_capture_that_reads_the_host_fails_loudly():
+    graphs = ForwardGraphs(RecordingGraphBackend())
+    x = torch.ones(2)
+    graphs.run("k", lambda: x * int(x.sum()))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        with pytest.raises(RuntimeError, match="not capturable"):
+            graphs.run("k", lambda: x * int(x.sum()))
+    assert graphs.counters.failures == 1
+
+
+def test_graphs_are_bounded_and_released():
+    backend = RecordingGraphBackend()
+    graphs = ForwardGraphs(backend, max_graphs=2)
+    x = torch.ones(1)
+    for key in range(4):
+        for _ in range(2):
+            graphs.run(key, lambda: x + 1)
+    assert backend.released == [0, 1] and graphs.counters.evictions == 2
+    graphs.clear()
+    assert backend.released == [0, 1, 2, 3] and len(graphs) == 0
+
+
+def test_backend_choice():
+    assert resolve_backend(None, torch.device("cpu")) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        assert resolve_backend("auto", torch.device("cpu")) is None
+    recording = RecordingGraphBackend()
+    assert resolve_backend(recording, torch.device("cpu")) is recording
+    with pytest.raises(ValueError, match="graphs must be"):
+        resolve_backend("cuda-please", torch.device("cpu"))
+    with pytest.raises(TypeError, match="lacks the method"):
+        resolve_backend(object(), torch.device("cpu"))
+    with pytest.raises(ValueError, match="max_graphs"):
+        ForwardGraphs(None, max_graphs=0)
