@@ -9,6 +9,7 @@ then the caller's own policies in the order given.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -76,7 +77,9 @@ def validate_request(model, input_ids, attention_mask, images, gen) -> None:
             raise ValueError(f"images were given, but {type(model).__name__} is a text-only model")
         if len(images) != input_ids.shape[0]:
             raise ValueError(f"images must have one entry per request ({input_ids.shape[0]}), got {len(images)}")
+    check_sequence_length(model, input_ids.shape[1], gen, images_counted=images is None)
     rules = DecodingRules.of(model)
+    warn_idle_steps(gen, rules)
     if rules.family == "dream":
         if gen.cfg_scale > 0:
             raise ValueError("cfg_scale: Dream's diffusion_generate has no classifier-free guidance")
@@ -90,6 +93,40 @@ def validate_request(model, input_ids, attention_mask, images, gen) -> None:
         raise ValueError("alg / alg_temp / top_p / top_k are Dream options; the LLaDA family uses remasking")
 
 
+def check_sequence_length(model, prompt_positions: int, gen: GenerationConfig, *, images_counted: bool) -> None:
+    """Raise ``ValueError`` when the prompt's positions plus the window exceed the model's
+    ``max_sequence_length`` (an adapter without one has no limit). Before the images are embedded
+    each ``<image>`` placeholder counts as one position (``images_counted=False``): a lower bound,
+    checked again with the embedded length."""
+    limit = getattr(model, "max_sequence_length", None)
+    if limit is None or prompt_positions + gen.gen_length <= limit:
+        return
+    images = "" if images_counted else " (image features not yet counted)"
+    raise ValueError(f"the prompt ({prompt_positions} positions{images}) plus gen_length ({gen.gen_length}) is "
+                     f"{prompt_positions + gen.gen_length} positions, more than the model's max_sequence_length "
+                     f"({limit}): shorten the prompt or gen_length")
+
+
+def warn_idle_steps(gen: GenerationConfig, rules: DecodingRules) -> None:
+    """Warn (the reference generators accept it too) when more denoising steps are planned than
+    window positions: the extra forwards commit no token."""
+    if gen.steps is None:
+        return
+    if rules.family == "llada":
+        per_block = gen.steps // gen.num_blocks
+        if gen.step_ratio is not None:
+            per_block = int(per_block * gen.step_ratio)
+        steps = per_block * gen.num_blocks
+    elif rules.lavida or gen.step_ratio is not None:
+        return  # LaViDa-Dream caps steps at gen_length; with step_ratio Dream takes int(gen_length * ratio)
+    else:
+        steps = gen.steps
+    if steps > gen.gen_length:
+        warnings.warn(f"steps ({gen.steps}) plans {steps} denoising steps for {gen.gen_length} window positions "
+                      f"(gen_length): {steps - gen.gen_length} forwards will commit no token (the reference "
+                      "generators do the same)", UserWarning, stacklevel=5)
+
+
 def compose_policies(*, seer=None, router=None, dyllm=None, policies: Sequence = (), graphs="auto") -> list:
     """The policies of one ``generate`` call, in the documented order (module docstring)."""
     composed: list[DecodePolicy] = []
@@ -101,6 +138,9 @@ def compose_policies(*, seer=None, router=None, dyllm=None, policies: Sequence =
         if router is not True and not isinstance(router, RouterConfig):
             raise TypeError(f"router must be a RouterConfig or True, got {type(router).__name__}")
         composed.append(RoutedExecution(None if router is True else router, graphs=graphs))
+    elif graphs != "auto":
+        raise ValueError(f"graphs={graphs!r} has no effect without router= (graphs choose how routed static "
+                         "groups replay)")
     if dyllm is not None:
         if not isinstance(dyllm, DyLLMConfig):
             raise TypeError(f"dyllm must be a DyLLMConfig, got {type(dyllm).__name__}")
@@ -150,10 +190,14 @@ def generate(
     """
     gen = gen if gen is not None else GenerationConfig()
     validate_request(model, input_ids, attention_mask, images, gen)
+    if not isinstance(progress, bool):
+        raise TypeError(f"progress must be a bool, got {type(progress).__name__}")
     composed = compose_policies(seer=seer, router=router, dyllm=dyllm, policies=policies, graphs=graphs)
     t0 = time.perf_counter()
     with prange("generate"):
         run = DecodeRun(model, input_ids, attention_mask, images, gen, policies=composed, progress=progress)
+        if images is not None:  # the image features are embedded now: the exact prompt length
+            check_sequence_length(model, run.prompt_len, gen, images_counted=True)
         for p in composed:
             p.on_request(run)
         run.decode()
