@@ -10,7 +10,7 @@ import sys
 from ..calibration.dyllm import calibrate_dyllm, check_max_drop
 from ..calibration.seer import calibrate
 from ..dyllm import DyLLMConfig
-from .options import add_calibration_inputs, load_calibration_inputs
+from .options import add_calibration_inputs, load_calibration_inputs, positive_int
 
 
 def add_parsers(sub) -> None:
@@ -33,8 +33,9 @@ def add_parsers(sub) -> None:
                    help="where to write the chosen DyLLMConfig (JSON accepted by `generate --dyllm`)")
     p.add_argument("--max-drop", type=float, default=0.01,
                    help="largest exact-match loss against the baseline a choice may have (0.01 = one point)")
-    p.add_argument("--full-steps", type=int, default=4, help="warm-up steps of every candidate")
-    p.add_argument("--prompt-period", type=int, default=4, help="prompt fed every N-th step in every candidate")
+    p.add_argument("--full-steps", type=positive_int, default=4, help="warm-up steps of every candidate")
+    p.add_argument("--prompt-period", type=positive_int, default=4,
+                   help="prompt fed every N-th step in every candidate")
     p.set_defaults(func=cmd_calibrate_dyllm)
 
 
