@@ -9,6 +9,7 @@ import sys
 
 from ..calibration.dyllm import calibrate_dyllm, check_max_drop
 from ..calibration.seer import calibrate
+from ..config import check_real
 from ..dyllm import DyLLMConfig
 from .options import add_calibration_inputs, load_calibration_inputs, positive_int
 
@@ -40,6 +41,7 @@ def add_parsers(sub) -> None:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
+    check_real("lam", args.lam, minimum=0)  # before the model is loaded
     model, requests, gen = load_calibration_inputs(args)
     out = calibrate(model, requests, gen, lam=args.lam, progress=True, plot=args.plot, rank_by=args.rank_by,
                     guard_mode=args.guard_mode)
