@@ -323,6 +323,17 @@ def _names(exc: Exception, name: str) -> bool:
     return re.search(rf"\b{re.escape(name)}\b", str(exc)) is not None
 
 
+def rejected_by_name_unless_documented(call, value, op: str, documented) -> None:
+    """``call(value)`` raises TypeError/ValueError naming the argument of ``op`` ("function.argument"),
+    or ``documented(value)`` says the value has a documented meaning."""
+    try:
+        call(value)
+    except (TypeError, ValueError) as exc:
+        assert _names(exc, op.split(".")[1]), f"{op}={value!r}: {exc}"
+        return
+    assert documented is not None and documented(value), f"{op}={value!r} was accepted silently"
+
+
 @HYPOTHESIS
 @given(value=BAD_SCALARS, op=st.sampled_from(["mlp_sparsity.eps", "snr_boundary.tau_jump", "snr_boundary.gamma",
                                                 "varlen_attention.softmax_scale", "partial_attention.softmax_scale",
@@ -331,13 +342,11 @@ def test_bad_float_scalars_are_rejected(value, op):
     """NaN, +-inf, negatives, bools, strings, None, lists: each float argument rejects them by name,
     except where the value has a documented meaning (cosine_saliency's tau: +-inf, negatives;
     attention's softmax_scale: negatives; None: the default scale)."""
-    name = op.split(".")[1]
     documented = {
         "mlp_sparsity.eps": lambda v: v == INF,  # nothing is above it: every entry counts
         "cosine_saliency.tau": lambda v: isinstance(v, float) and not math.isnan(v),
         "varlen_attention.softmax_scale": lambda v: v is None or (isinstance(v, float) and math.isfinite(v)),
         "partial_attention.softmax_scale": lambda v: v is None or (isinstance(v, float) and math.isfinite(v)),
-        "slice_repack.tau_pad": lambda v: False,
     }
     calls = {
         "mlp_sparsity.eps": lambda v: sk.mlp_sparsity(act(), v),
@@ -355,12 +364,7 @@ def test_bad_float_scalars_are_rejected(value, op):
     }
     if known_silent.get(op, lambda v: False)(value):
         return
-    try:
-        calls[op](value)
-    except (TypeError, ValueError) as exc:
-        assert _names(exc, name), f"{op}={value!r}: {exc}"
-        return
-    assert documented.get(op, lambda v: False)(value), f"{op}={value!r} was accepted silently"
+    rejected_by_name_unless_documented(calls[op], value, op, documented.get(op))
 
 
 @HYPOTHESIS
@@ -371,7 +375,6 @@ def test_bad_float_scalars_are_rejected(value, op):
 def test_bad_int_scalars_are_rejected(value, op):
     """Negative, huge, float, bool, string: every count or size rejects them by name (None is the
     documented default of n_rows; a huge eager_max_bucket means "every group eager")."""
-    name = op.split(".")[1]
     calls = {
         "snr_boundary.window": lambda v: sk.snr_boundary(sparsity(), torch.tensor([9, 9]), window=v),
         "snr_boundary.baseline_window": lambda v: sk.snr_boundary(sparsity(), torch.tensor([9, 9]),
@@ -391,12 +394,7 @@ def test_bad_int_scalars_are_rejected(value, op):
         "snr_boundary.min_position": lambda v: v == 2**40 and type(v) is int,  # no candidate: nothing cut
         "slice_repack.eager_max_bucket": lambda v: v == 2**40 and type(v) is int,  # every group eager
     }
-    try:
-        calls[op](value)
-    except (TypeError, ValueError) as exc:
-        assert _names(exc, name), f"{op}={value!r}: {exc}"
-        return
-    assert documented.get(op, lambda v: False)(value), f"{op}={value!r} was accepted silently"
+    rejected_by_name_unless_documented(calls[op], value, op, documented.get(op))
 
 
 @HYPOTHESIS
