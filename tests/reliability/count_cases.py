@@ -22,4 +22,5 @@ if __name__ == "__main__":
     counts = enumerated()
     for name, n in counts.items():
         print(f"{name:36s} {n:4d}")
+    print(f"{'enumerated':36s} {sum(n for n in counts.values() if n > 0):4d}")
     print(f"{'rejected with a named error':36s} {sum(counts.values()):4d}")
