@@ -138,7 +138,7 @@ def compose_policies(*, seer=None, router=None, dyllm=None, policies: Sequence =
         if router is not True and not isinstance(router, RouterConfig):
             raise TypeError(f"router must be a RouterConfig or True, got {type(router).__name__}")
         composed.append(RoutedExecution(None if router is True else router, graphs=graphs))
-    elif graphs != "auto":
+    elif graphs not in ("auto", None):  # None (eager) holds without a router; a backend would be ignored
         raise ValueError(f"graphs={graphs!r} has no effect without router= (graphs choose how routed static "
                          "groups replay)")
     if dyllm is not None:
