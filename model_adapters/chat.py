@@ -8,7 +8,6 @@ goes), as the embedded demo model does.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from .lavida import IMAGE_TOKEN_INDEX, LAVIDA_SYSTEM_PROMPT
@@ -36,20 +35,12 @@ class ChatTokenizer:
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> ChatTokenizer:
-        from tokenizers import Tokenizer
-
-        from .loading import architecture_of
+        from .loading import architecture_of, read_config, read_tokenizer
 
         path = Path(path)
-        file = path / "tokenizer.json"
-        if not file.is_file():
-            raise FileNotFoundError(
-                f"{path} has no tokenizer.json: this command needs the checkpoint's tokenizer (the fast "
-                "tokenizer file Hugging Face saves beside the weights); nothing is downloaded"
-            )
-        config = json.loads((path / "config.json").read_text())
+        tok = read_tokenizer(path)
+        config = read_config(path)
         template = config.get("seer_chat_template") or _TEMPLATES[architecture_of(config)]
-        tok = Tokenizer.from_file(str(file))
         special = {i for i, t in tok.get_added_tokens_decoder().items() if t.special}
         return cls(tok, template, special)
 

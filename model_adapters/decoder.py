@@ -82,6 +82,14 @@ class DiffusionDecoder(nn.Module):
         return len(self._blocks())
 
     @property
+    def max_sequence_length(self) -> int | None:
+        """The longest sequence (prompt + response window) the config allows: ``max_sequence_length``
+        (LLaDA family) or ``max_position_embeddings`` (Dream family); None when it names neither.
+        ``generate`` rejects requests beyond it."""
+        value = config_value(self.config, "max_sequence_length") or config_value(self.config, "max_position_embeddings")
+        return int(value) if value else None
+
+    @property
     def vocab_size(self) -> int:
         """Number of logit columns (rows of the LM head), which may exceed the tokenizer's size."""
         return self._lm_head_weight().shape[0]
@@ -219,3 +227,78 @@ def key_mask_from_attention_mask(attention_mask: torch.Tensor | None) -> torch.T
         raise ValueError(f"attention_mask must be 2-D [batch, length], got shape {tuple(attention_mask.shape)}")
     mask = attention_mask.bool()
     return None if bool(mask.all()) else mask
+
+
+#: Hugging Face ``forward`` keywords accepted at the value that changes nothing (None: the config's default)
+NO_OP_KEYWORDS = {"past_key_values": (None,), "use_cache": (None, False), "output_attentions": (None, False),
+                  "output_hidden_states": (None, False), "return_dict": (None, True), "labels": (None,)}
+
+
+def check_forward_keywords(model: nn.Module, extra: dict[str, Any]) -> None:
+    """Reject ``forward`` keywords this definition does not implement, by name: a keyword dropped
+    silently (a ported call's ``attention_bias``, a cache) would change the result unsaid."""
+    name = type(model).__name__
+    for key, value in extra.items():
+        allowed = NO_OP_KEYWORDS.get(key)
+        if allowed is None:
+            raise TypeError(f"{name}.forward() got an unsupported keyword argument {key!r}; it takes input_ids, "
+                            f"attention_mask and the embeddings keyword, and {sorted(NO_OP_KEYWORDS)} at their "
+                            "defaults")
+        if not any(value is a for a in allowed):
+            hint = ": use model.prefill(...) for a prompt K/V cache" if key in ("past_key_values", "use_cache") else ""
+            raise ValueError(f"{key}={value!r} is not supported by {name}.forward (only {allowed}){hint}")
+
+
+def check_forward_inputs(input_ids: torch.Tensor | None, embeds_name: str, embeds: torch.Tensor | None,
+                         attention_mask: torch.Tensor | None) -> None:
+    """Exactly one of ``input_ids`` [B, L] int64 or the embeddings [B, L, D]; a 2-D mask shaped [B, L]."""
+    if (input_ids is None) == (embeds is None):
+        raise ValueError(f"pass exactly one of input_ids and {embeds_name}")
+    if input_ids is not None and (not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2
+                                  or input_ids.dtype != torch.long):
+        raise ValueError(f"input_ids must be an int64 tensor [batch, length], got {_describe_tensor(input_ids)}")
+    if embeds is not None and (not isinstance(embeds, torch.Tensor) or embeds.dim() != 3):
+        raise ValueError(f"{embeds_name} must be a tensor [batch, length, hidden], got {_describe_tensor(embeds)}")
+    shape = tuple((input_ids if input_ids is not None else embeds).shape[:2])
+    if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2 and tuple(attention_mask.shape) != shape:
+        raise ValueError(f"attention_mask must have shape {shape} (batch, length), got {tuple(attention_mask.shape)}")
+
+
+def _describe_tensor(t: object) -> str:
+    return f"{t.dtype} of shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+
+
+def key_mask_from_attention_bias(attention_bias: torch.Tensor, batch: int, length: int) -> torch.Tensor:
+    """LLaDA's ``attention_bias`` as a bool key mask ``[B, L]`` (True: may be attended to).
+
+    Accepted (``reference/MODELS.md`` §1.3): ``[B or 1, 1, L, L]``, bool / integer (nonzero: may
+    attend) or float added to the scores (0: attend; ``-inf`` or below ``finfo.min / 2``: masked),
+    as long as it is a padding mask: every query that may attend to itself (a real token) sees
+    exactly the keys on the diagonal. That is what MMaDA's ``mmu_generate`` passes (the outer
+    product of its padding mask). Any other bias (causal, arbitrary additive) raises ValueError:
+    the blocks mask keys only. Padded queries, whose outputs nothing reads, attend to the real keys.
+    """
+    bias = attention_bias
+    if not isinstance(bias, torch.Tensor):
+        raise TypeError(f"attention_bias must be a tensor, got {type(bias).__name__}")
+    if bias.dim() != 4 or bias.shape[1] != 1 or bias.shape[0] not in (1, batch) or bias.shape[2:] != (length, length):
+        raise ValueError(f"attention_bias must have shape [{batch} or 1, 1, {length}, {length}], "
+                         f"got {tuple(bias.shape)}")
+    if bias.is_complex():
+        raise TypeError(f"attention_bias must be bool, integer or float, got {bias.dtype}")
+    if bias.is_floating_point():
+        masked = (bias == float("-inf")) | (bias <= torch.finfo(bias.dtype).min / 2)
+        if not bool((masked | (bias == 0)).all()):
+            raise ValueError("attention_bias: a float bias must hold only 0 (attend) and -inf or finfo.min (masked); "
+                             "other additive biases are not supported")
+        allowed = ~masked
+    else:
+        allowed = bias != 0
+    allowed = allowed[:, 0].expand(batch, length, length)
+    keys = allowed.diagonal(dim1=-2, dim2=-1)  # [B, L]: the real tokens
+    real_rows = allowed[keys]  # the rows of the real queries, each must equal its batch row's key mask
+    expected = keys[:, None, :].expand(batch, length, length)[keys]
+    if not torch.equal(real_rows, expected):
+        raise ValueError("attention_bias is not a padding mask (the outer product of a key mask): causal or "
+                         "per-query biases are not supported; pass attention_mask [batch, length] instead")
+    return keys

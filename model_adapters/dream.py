@@ -28,7 +28,14 @@ from torch import nn
 from seer_runtime.adapter import PaddedLayout, TokenIds
 
 from .common import RMSNorm, linear
-from .decoder import DiffusionDecoder, ModelOutput, config_value, token_ids_from_config
+from .decoder import (
+    DiffusionDecoder,
+    ModelOutput,
+    check_forward_inputs,
+    check_forward_keywords,
+    config_value,
+    token_ids_from_config,
+)
 
 DREAM_TOKEN_IDS = TokenIds(mask=151666, eos=151643, eot=151645, pad=151643, bos=151643)
 
@@ -183,8 +190,14 @@ class DreamModel(DiffusionDecoder):
         position_ids: torch.Tensor | None = None,
         *,
         inputs_embeds: torch.Tensor | None = None,
-        **unused: Any,
+        **hf_keywords: Any,
     ) -> ModelOutput:
+        """input_ids [B, L] (or ``inputs_embeds`` [B, L, D]); attention_mask [B, L] of 0/1, Dream's
+        ``[B, 1, L, L]`` outer-product mask, ``"full"`` or None; position_ids [B, L]. Hugging
+        Face's cache and output keywords are accepted at their no-op values only; any other
+        keyword raises ``TypeError`` naming it."""
+        check_forward_keywords(self, hf_keywords)
+        check_forward_inputs(input_ids, "inputs_embeds", inputs_embeds, attention_mask)
         embeds = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
         b, length = embeds.shape[:2]
         key_mask = None

@@ -29,7 +29,16 @@ from torch import nn
 from seer_runtime.adapter import PaddedLayout, TokenIds
 
 from .common import RMSNorm, linear
-from .decoder import DiffusionDecoder, ModelOutput, config_value, key_mask_from_attention_mask, token_ids_from_config
+from .decoder import (
+    DiffusionDecoder,
+    ModelOutput,
+    check_forward_inputs,
+    check_forward_keywords,
+    config_value,
+    key_mask_from_attention_bias,
+    key_mask_from_attention_mask,
+    token_ids_from_config,
+)
 
 # LLaDA-8B-Instruct special tokens (tokenizer_config.json; MODELS.md §1.6)
 LLADA_TOKEN_IDS = TokenIds(mask=126336, eos=126081, eot=126348, pad=126081, bos=126080)
@@ -201,18 +210,28 @@ class LLaDAModelLM(DiffusionDecoder):
         attention_mask: torch.Tensor | None = None,
         *,
         input_embeddings: torch.Tensor | None = None,
-        **unused: Any,
+        attention_bias: torch.Tensor | None = None,
+        **hf_keywords: Any,
     ) -> ModelOutput:
-        """input_ids [B, L] (or ``input_embeddings`` [B, L, D]); attention_mask [B, L] of 0/1.
+        """input_ids [B, L] (or ``input_embeddings`` [B, L, D]); attention_mask [B, L] of 0/1;
+        attention_bias: LLaDA's padding bias ``[B or 1, 1, L, L]`` as MMaDA passes it (a padding
+        mask only, see :func:`key_mask_from_attention_bias`); combined with the mask when both are
+        given. Hugging Face's cache and output keywords are accepted at their no-op values only;
+        any other keyword raises ``TypeError`` naming it.
 
         Positions are implicit (0..L-1), as in LLaDA's file; padded keys are masked, and
         attention stays bidirectional with or without padding.
         """
-        if unused.get("past_key_values") is not None or unused.get("use_cache"):
-            raise ValueError("past_key_values/use_cache: use model.prefill(...) for a prompt K/V cache")
+        check_forward_keywords(self, hf_keywords)
+        check_forward_inputs(input_ids, "input_embeddings", input_embeddings, attention_mask)
         embeds = self.embed(input_ids) if input_embeddings is None else input_embeddings
         b, length = embeds.shape[:2]
         key_mask = key_mask_from_attention_mask(attention_mask)
+        if attention_bias is not None:
+            from_bias = key_mask_from_attention_bias(attention_bias, b, length)
+            key_mask = from_bias if key_mask is None else key_mask & from_bias
+            if bool(key_mask.all()):
+                key_mask = None
         positions = self.position_ids(attention_mask, length, b, embeds.device)
         return ModelOutput(logits=self.forward_embeds(embeds, PaddedLayout(positions, key_mask)))
 

@@ -235,6 +235,8 @@ class DiffusionAdapter(Protocol):
     is_multimodal: a LaViDa model (images, prefix cache by default); logits_shift: 0 when
     position i predicts token i (LLaDA), 1 when it predicts i + 1 (Dream); the widths (hidden,
     heads, KV heads, head dim, MLP intermediate) size caches, graph buffers and FLOP counts.
+    Optional: ``max_sequence_length`` (int or None), the longest prompt + window the model
+    takes; ``generate`` rejects longer requests (an adapter without it sets no limit).
     """
 
     family: str

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -20,12 +21,66 @@ DREAM_ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 
 #: the key a stored config may carry beside its fields (measurements, not settings)
 CALIBRATION_KEY = "calibration"
+#: the largest base seed (``seed + request index`` must fit a torch generator's int64 seed)
+MAX_SEED = 2**62
 
 
 def check(cond: bool, message: str) -> None:
     """Raise ``ValueError(message)`` unless ``cond`` (the configs' validation idiom)."""
     if not cond:
         raise ValueError(message)
+
+
+def _range_text(minimum, maximum, open_minimum: bool = False, open_maximum: bool = False) -> str:
+    if maximum is None:
+        return f"{'>' if open_minimum else '>='} {minimum}"
+    if minimum is None:
+        return f"{'<' if open_maximum else '<='} {maximum}"
+    return f"in {'(' if open_minimum else '['}{minimum}, {maximum}{')' if open_maximum else ']'}"
+
+
+def check_int(name: str, value, *, minimum: int | None = None, maximum: int | None = None) -> None:
+    """``value`` must be an int (not a bool, not a float that happens to be whole) in
+    ``[minimum, maximum]``; raises ``TypeError``/``ValueError`` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        raise ValueError(f"{name} must be an int {_range_text(minimum, maximum)}, got {value!r}")
+
+
+def check_real(name: str, value, *, minimum: float | None = None, maximum: float | None = None,
+               open_minimum: bool = False, open_maximum: bool = False) -> None:
+    """``value`` must be a finite real number (not a bool, not NaN or inf) in ``[minimum, maximum]``
+    (an open end with ``open_minimum`` / ``open_maximum``); raises ``TypeError``/``ValueError``
+    naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+    low_ok = minimum is None or (value > minimum if open_minimum else value >= minimum)
+    high_ok = maximum is None or (value < maximum if open_maximum else value <= maximum)
+    if not (math.isfinite(value) and low_ok and high_ok):
+        bounds = "" if minimum is None and maximum is None else " " + _range_text(minimum, maximum, open_minimum,
+                                                                                  open_maximum)
+        raise ValueError(f"{name} must be{bounds} (a finite number), got {value!r}")
+
+
+def check_bool(name: str, value, *, optional: bool = False) -> None:
+    """``value`` must be True or False (or None when ``optional``): no 0/1, no strings."""
+    if not (isinstance(value, bool) or (optional and value is None)):
+        form = "a bool or None" if optional else "a bool"
+        raise TypeError(f"{name} must be {form}, got {type(value).__name__} {value!r}")
+
+
+def read_json_object(path: str | Path, what: str = "config") -> dict:
+    """The JSON object in the file ``path``: ``ValueError`` naming ``what`` and the file when the
+    file is not JSON or holds something else than an object (``OSError`` when it cannot be opened)."""
+    with open(path) as f:
+        try:
+            data = json.load(f)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{what} {path} is not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{what} {path} must hold a JSON object, got {type(data).__name__}")
+    return data
 
 
 class StoredConfig:
@@ -61,8 +116,13 @@ class StoredConfig:
 
     @classmethod
     def from_json(cls, path: str | Path):
-        with open(path) as f:
-            return cls.from_dict(json.load(f))
+        """The config stored in the JSON file ``path``; a file that is not JSON, or whose
+        content is not a valid config, raises ``ValueError`` naming the file."""
+        data = read_json_object(path, cls.__name__)
+        try:
+            return cls.from_dict(data)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"{path}: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -117,36 +177,41 @@ class GenerationConfig(StoredConfig):
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        check(isinstance(self.gen_length, int) and self.gen_length >= 1,
-              f"gen_length must be an int >= 1, got {self.gen_length!r}")
-        check(self.steps is None or (isinstance(self.steps, int) and self.steps >= 1),
-              f"steps must be an int >= 1, got {self.steps!r}")
+        check_int("gen_length", self.gen_length, minimum=1)
+        if self.steps is not None:
+            check_int("steps", self.steps, minimum=1)
         if self.block_length is not None:
-            check(isinstance(self.block_length, int) and self.block_length >= 1,
-                  f"block_length must be an int >= 1, got {self.block_length!r}")
+            check_int("block_length", self.block_length, minimum=1)
             check(self.gen_length % self.block_length == 0,
                   f"gen_length ({self.gen_length}) must be divisible by block_length ({self.block_length})")
+        if self.step_ratio is not None:
+            check_real("step_ratio", self.step_ratio, minimum=0, maximum=1, open_minimum=True)
         if self.steps is not None and self.step_ratio is None:
             check(self.steps % self.num_blocks == 0,
                   f"steps ({self.steps}) must be divisible by the number of blocks ({self.num_blocks})")
-        check(math.isfinite(self.temperature) and self.temperature >= 0,
-              f"temperature must be >= 0, got {self.temperature!r}")
-        check(math.isfinite(self.cfg_scale) and self.cfg_scale >= 0, f"cfg_scale must be >= 0, got {self.cfg_scale!r}")
+        check_real("temperature", self.temperature, minimum=0)
+        check_real("cfg_scale", self.cfg_scale, minimum=0)
         check(self.remasking in LLADA_REMASKING, f"remasking must be one of {LLADA_REMASKING}, got {self.remasking!r}")
         check(self.alg in DREAM_ALGS, f"alg must be one of {DREAM_ALGS}, got {self.alg!r}")
-        check(self.alg_temp is None or self.alg_temp >= 0, f"alg_temp must be >= 0, got {self.alg_temp!r}")
-        check(self.top_p is None or 0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p!r}")
-        check(self.top_k is None or (isinstance(self.top_k, int) and self.top_k >= 1),
-              f"top_k must be an int >= 1, got {self.top_k!r}")
-        check(0 < self.eps < 1, f"eps must be in (0, 1), got {self.eps!r}")
+        if self.alg_temp is not None:
+            check_real("alg_temp", self.alg_temp, minimum=0)
+        if self.top_p is not None:
+            check_real("top_p", self.top_p, minimum=0, maximum=1, open_minimum=True)
+        if self.top_k is not None:
+            check_int("top_k", self.top_k, minimum=1)
+        check_real("eps", self.eps, minimum=0, maximum=1, open_minimum=True, open_maximum=True)
+        for name in ("logits_eos_inf", "confidence_eos_eot_inf"):
+            check_bool(name, getattr(self, name))
+        check_bool("prefix_cache", self.prefix_cache, optional=True)
         check(self.schedule is None or self.schedule in SCHEDULES,
               f"schedule must be None or one of {SCHEDULES}, got {self.schedule!r}")
-        check(self.schedule_shift > 0, f"schedule_shift must be > 0, got {self.schedule_shift!r}")
-        check(self.step_ratio is None or 0 < self.step_ratio <= 1,
-              f"step_ratio must be in (0, 1], got {self.step_ratio!r}")
+        check_real("schedule_shift", self.schedule_shift, minimum=0, open_minimum=True)
         check(self.tie_break in ("reference", "stable"),
               f"tie_break must be 'reference' or 'stable', got {self.tie_break!r}")
         check(self.rng in ("global", "per_request"), f"rng must be 'global' or 'per_request', got {self.rng!r}")
+        if self.seed is not None:
+            # per-request generators are seeded with seed + request index: keep them in int64
+            check_int("seed", self.seed, minimum=0, maximum=MAX_SEED)
         check(not (self.cfg_scale > 0 and self.prefix_cache),
               "cfg_scale > 0 needs the full prompt every step: it cannot be combined with prefix_cache=True")
 

@@ -26,6 +26,7 @@ Measurements: bench/RESULTS.md ("DyLLM").
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -47,7 +48,8 @@ class DyLLMConfig(StoredConfig):
 
     tau: cosine-similarity threshold, a row is salient when ``cos < tau``; None -> the family
         default (0.99 LLaDA, MMaDA, LaViDa-LLaDA; 0.995 Dream, LaViDa-Dream). ``tau > 1``
-        makes every row salient (sparse steps then compute what dense steps compute).
+        makes every row salient (sparse steps then compute what dense steps compute; said by a
+        UserWarning, since a typo for 0.x would otherwise silently cost all the savings).
     full_steps: warm-up steps computed in full (>= 1: the caches must be filled first).
     prompt_period: without a prefix cache, the prompt is fed on steps ``t`` with
         ``t % prompt_period == 0`` and only the window on the others (1: always fed).
@@ -72,6 +74,10 @@ class DyLLMConfig(StoredConfig):
             if not math.isfinite(self.tau) or self.tau <= 0:
                 raise ValueError(f"tau must be a finite number > 0 (a cosine-similarity threshold), got {self.tau!r}")
             object.__setattr__(self, "tau", float(self.tau))
+            if self.tau > 1:  # a deliberate setting (the exactness check), but a typo for 0.x must not pass unsaid
+                warnings.warn(f"DyLLMConfig(tau={self.tau}): a cosine similarity is never above 1, so every row is "
+                              "salient at every layer: DyLLM then computes what the baseline computes (token for "
+                              "token the same output, no saving)", UserWarning, stacklevel=3)
         for name in ("full_steps", "prompt_period"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -9,6 +9,7 @@ then the caller's own policies in the order given.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -76,7 +77,9 @@ def validate_request(model, input_ids, attention_mask, images, gen) -> None:
             raise ValueError(f"images were given, but {type(model).__name__} is a text-only model")
         if len(images) != input_ids.shape[0]:
             raise ValueError(f"images must have one entry per request ({input_ids.shape[0]}), got {len(images)}")
+    check_sequence_length(model, input_ids.shape[1], gen, images_counted=images is None)
     rules = DecodingRules.of(model)
+    warn_idle_steps(gen, rules)
     if rules.family == "dream":
         if gen.cfg_scale > 0:
             raise ValueError("cfg_scale: Dream's diffusion_generate has no classifier-free guidance")
@@ -88,6 +91,40 @@ def validate_request(model, input_ids, attention_mask, images, gen) -> None:
             raise ValueError("remasking is an LLaDA-family option; Dream uses alg")
     elif gen.alg != "origin" or gen.alg_temp is not None or gen.top_p is not None or gen.top_k is not None:
         raise ValueError("alg / alg_temp / top_p / top_k are Dream options; the LLaDA family uses remasking")
+
+
+def check_sequence_length(model, prompt_positions: int, gen: GenerationConfig, *, images_counted: bool) -> None:
+    """Raise ``ValueError`` when the prompt's positions plus the window exceed the model's
+    ``max_sequence_length`` (an adapter without one has no limit). Before the images are embedded
+    each ``<image>`` placeholder counts as one position (``images_counted=False``): a lower bound,
+    checked again with the embedded length."""
+    limit = getattr(model, "max_sequence_length", None)
+    if limit is None or prompt_positions + gen.gen_length <= limit:
+        return
+    images = "" if images_counted else " (image features not yet counted)"
+    raise ValueError(f"the prompt ({prompt_positions} positions{images}) plus gen_length ({gen.gen_length}) is "
+                     f"{prompt_positions + gen.gen_length} positions, more than the model's max_sequence_length "
+                     f"({limit}): shorten the prompt or gen_length")
+
+
+def warn_idle_steps(gen: GenerationConfig, rules: DecodingRules) -> None:
+    """Warn (the reference generators accept it too) when more denoising steps are planned than
+    window positions: the extra forwards commit no token."""
+    if gen.steps is None:
+        return
+    if rules.family == "llada":
+        per_block = gen.steps // gen.num_blocks
+        if gen.step_ratio is not None:
+            per_block = int(per_block * gen.step_ratio)
+        steps = per_block * gen.num_blocks
+    elif rules.lavida or gen.step_ratio is not None:
+        return  # LaViDa-Dream caps steps at gen_length; with step_ratio Dream takes int(gen_length * ratio)
+    else:
+        steps = gen.steps
+    if steps > gen.gen_length:
+        warnings.warn(f"steps ({gen.steps}) plans {steps} denoising steps for {gen.gen_length} window positions "
+                      f"(gen_length): {steps - gen.gen_length} forwards will commit no token (the reference "
+                      "generators do the same)", UserWarning, stacklevel=5)
 
 
 def compose_policies(*, seer=None, router=None, dyllm=None, policies: Sequence = (), graphs="auto") -> list:
@@ -145,17 +182,22 @@ def generate(
         the batch to its longest surviving window.
     graphs: how steady forwards replay (``step_graphs``; the router's static groups through its
         own graph cache): "auto" (CUDA graphs on a CUDA device, eagerly elsewhere, said once),
-        None (plain eager), or a graph backend object (``serving.graph_cache``).
+        "cuda" (CUDA graphs, an error elsewhere), None (plain eager), or a graph backend object
+        (``serving.graph_cache``).
     policies: further ``DecodePolicy`` objects, called after the built-in ones.
     progress: a progress bar over the denoising steps.
     """
     gen = gen if gen is not None else GenerationConfig()
     validate_request(model, input_ids, attention_mask, images, gen)
+    if not isinstance(progress, bool):
+        raise TypeError(f"progress must be a bool, got {type(progress).__name__}")
     composed = compose_policies(seer=seer, router=router, dyllm=dyllm, policies=policies, graphs=graphs)
     t0 = time.perf_counter()
     with prange("generate"):
         run = DecodeRun(model, input_ids, attention_mask, images, gen, policies=composed, progress=progress,
                         graphs=graphs)
+        if images is not None:  # the image features are embedded now: the exact prompt length
+            check_sequence_length(model, run.prompt_len, gen, images_counted=True)
         for p in composed:
             p.on_request(run)
         run.decode()

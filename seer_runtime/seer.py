@@ -20,7 +20,6 @@ window. Every event is counted per request in ``stats.extra["seer"]``.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -28,7 +27,7 @@ import torch
 import seer_kernels
 
 from .adapter import Taps
-from .config import StoredConfig, check
+from .config import StoredConfig, check, check_bool, check_int, check_real
 from .engine import DecodeRun, Forward, read_to_host
 from .plans import dream_plan
 from .policy import DecodePolicy
@@ -69,26 +68,32 @@ class SeerConfig(StoredConfig):
     guard_mode: str = "extend"
 
     def __post_init__(self) -> None:
-        check(isinstance(self.probe_layer, int) and self.probe_layer >= 0,
-              f"probe_layer must be >= 0, got {self.probe_layer!r}")
-        eps = self.eps if isinstance(self.eps, (tuple, list)) else (self.eps,)
+        check_int("probe_layer", self.probe_layer, minimum=0)
         if isinstance(self.eps, list):
             object.__setattr__(self, "eps", tuple(self.eps))
-        check(all(isinstance(e, (int, float)) and math.isfinite(e) and e >= 0 for e in eps),
-              f"eps must be finite numbers >= 0, got {self.eps!r}")
-        check(self.tau_jump > 0, f"tau_jump must be > 0, got {self.tau_jump!r}")
-        check(self.gamma >= 0, f"gamma must be >= 0, got {self.gamma!r}")
-        check(isinstance(self.window, int) and self.window >= 1, f"window must be an int >= 1, got {self.window!r}")
+        for i, e in enumerate(self.eps if isinstance(self.eps, tuple) else (self.eps,)):
+            check_real("eps" if not isinstance(self.eps, tuple) else f"eps[{i}]", e, minimum=0)
+        check_real("tau_jump", self.tau_jump, minimum=0, open_minimum=True)
+        # gamma = 0 accepts only a perfectly flat plateau (noise == 0): Seer would then almost never cut
+        check_real("gamma", self.gamma, minimum=0, open_minimum=True)
+        check_int("window", self.window, minimum=1)
         check(self.probe in PROBES, f"probe must be one of {PROBES}, got {self.probe!r}")
         if self.probe_layers is not None:
-            object.__setattr__(self, "probe_layers", tuple(int(x) for x in self.probe_layers))
-            check(len(self.probe_layers) > 0 and min(self.probe_layers) >= 0,
-                  f"probe_layers must be a non-empty tuple of layers >= 0, got {self.probe_layers!r}")
-        check(self.baseline_window >= 1, f"baseline_window must be >= 1, got {self.baseline_window!r}")
-        check(self.min_position >= 1, f"min_position must be >= 1, got {self.min_position!r}")
-        check(0 < self.eos_threshold <= 1, f"eos_threshold must be in (0, 1], got {self.eos_threshold!r}")
-        check(self.confirm_threshold is None or 0 < self.confirm_threshold <= 1,
-              f"confirm_threshold must be in (0, 1], got {self.confirm_threshold!r}")
+            if isinstance(self.probe_layers, (str, bytes)) or not isinstance(self.probe_layers, (tuple, list)):
+                raise TypeError(f"probe_layers must be a tuple of layer indices or None, got {self.probe_layers!r}")
+            object.__setattr__(self, "probe_layers", tuple(self.probe_layers))
+            for i, layer in enumerate(self.probe_layers):
+                check_int(f"probe_layers[{i}]", layer, minimum=0)
+            check(len(self.probe_layers) > 0, "probe_layers must hold at least one layer (or be None)")
+            check(len(set(self.probe_layers)) == len(self.probe_layers),
+                  f"probe_layers must not repeat a layer (it would count twice in the average), "
+                  f"got {self.probe_layers}")
+        check_int("baseline_window", self.baseline_window, minimum=1)
+        check_int("min_position", self.min_position, minimum=1)
+        check_real("eos_threshold", self.eos_threshold, minimum=0, maximum=1, open_minimum=True)
+        if self.confirm_threshold is not None:
+            check_real("confirm_threshold", self.confirm_threshold, minimum=0, maximum=1, open_minimum=True)
+        check_bool("guard", self.guard)
         check(self.guard_mode in ("extend", "redecode"),
               f"guard_mode must be extend or redecode, got {self.guard_mode!r}")
         if isinstance(self.eps, tuple):

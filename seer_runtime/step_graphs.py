@@ -14,7 +14,8 @@ while it lives. A capture that fails is said once (RuntimeWarning) and its key r
 then on. Timing and statistics are the caller's, outside the captured call.
 
 Backends (``graphs=`` of ``generate``): ``"auto"`` (CUDA graphs on a CUDA device; elsewhere
-every forward runs eagerly, said once per process), None (eager), or a backend object from
+every forward runs eagerly, said once per process), ``"cuda"`` (CUDA graphs; an error on any
+other device), None (eager), or a backend object from
 ``serving.graph_cache`` (``RecordingGraphBackend`` replays recorded ops on the CPU with a
 graph's semantics: what the tests use).
 """
@@ -50,10 +51,14 @@ def resolve_backend(graphs: Any, device: torch.device) -> GraphBackend | None:
             return CudaGraphBackend()
         _say_once(f"forwards run eagerly (no CUDA graphs): no CUDA device ({device})")
         return None
+    if graphs == "cuda":
+        if device.type != "cuda":
+            raise ValueError(f"graphs='cuda' needs a CUDA device, got {device}")
+        return CudaGraphBackend()
     if graphs is None:
         return None
     if isinstance(graphs, str):
-        raise ValueError(f"graphs must be 'auto', None or a graph backend object, got {graphs!r}")
+        raise ValueError(f"graphs must be 'auto', 'cuda', None or a graph backend object, got {graphs!r}")
     for method in ("new_pool", "warmup", "capture", "replay", "release"):
         if not callable(getattr(graphs, method, None)):
             raise TypeError(f"graphs: {type(graphs).__name__} lacks the method {method}()")

@@ -34,7 +34,7 @@ import torch
 import seer_kernels
 
 from ..adapter import Taps
-from ..config import GenerationConfig
+from ..config import GenerationConfig, check_int, check_real
 from ..engine import DecodeRun, Forward
 from ..evaluate import Request, pad_left, run_requests
 from ..plans import DecodingRules, dream_plan, llada_plan
@@ -192,6 +192,8 @@ def calibrate(model, requests: list[Request], gen: GenerationConfig, *, lam: flo
         raise ValueError(f"rank_by must be 'tokens' or 'wall', got {rank_by!r}")
     if guard_mode not in ("extend", "redecode"):
         raise ValueError(f"guard_mode must be 'extend' or 'redecode', got {guard_mode!r}")
+    check_real("lam", lam, minimum=0)
+    check_int("verify_top", verify_top, minimum=1)
     from tqdm.auto import tqdm
 
     n_layers = model.num_layers

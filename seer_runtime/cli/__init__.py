@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ValueError, TypeError, FileNotFoundError) as exc:
+    except (ValueError, TypeError, OSError) as exc:  # bad input: unreadable files and values, named
         print(f"seer {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

@@ -9,8 +9,9 @@ import sys
 
 from ..calibration.dyllm import calibrate_dyllm, check_max_drop
 from ..calibration.seer import calibrate
+from ..config import check_real
 from ..dyllm import DyLLMConfig
-from .options import add_calibration_inputs, load_calibration_inputs
+from .options import add_calibration_inputs, load_calibration_inputs, positive_int
 
 
 def add_parsers(sub) -> None:
@@ -33,12 +34,14 @@ def add_parsers(sub) -> None:
                    help="where to write the chosen DyLLMConfig (JSON accepted by `generate --dyllm`)")
     p.add_argument("--max-drop", type=float, default=0.01,
                    help="largest exact-match loss against the baseline a choice may have (0.01 = one point)")
-    p.add_argument("--full-steps", type=int, default=4, help="warm-up steps of every candidate")
-    p.add_argument("--prompt-period", type=int, default=4, help="prompt fed every N-th step in every candidate")
+    p.add_argument("--full-steps", type=positive_int, default=4, help="warm-up steps of every candidate")
+    p.add_argument("--prompt-period", type=positive_int, default=4,
+                   help="prompt fed every N-th step in every candidate")
     p.set_defaults(func=cmd_calibrate_dyllm)
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
+    check_real("lam", args.lam, minimum=0)  # before the model is loaded
     model, requests, gen = load_calibration_inputs(args)
     out = calibrate(model, requests, gen, lam=args.lam, progress=True, plot=args.plot, rank_by=args.rank_by,
                     guard_mode=args.guard_mode)

@@ -28,7 +28,7 @@ import torch
 
 from ..calibration.seer import plot_profiles, step0_profiles
 from ..evaluate import RunResult, boundary_mae, run_requests
-from .options import model_services
+from .options import model_services, positive_int
 
 # 192, not 96: one answer is 1.04 points of 96, so "exact match within one point of the
 # baseline" could not be read at 96 requests (a single changed answer already misses it)
@@ -101,8 +101,8 @@ def format_table(figures: dict) -> str:
 
 def add_parsers(sub) -> None:
     p = sub.add_parser("demo", help="baseline vs Seer on the embedded model (what `make demo` runs)")
-    p.add_argument("--requests", type=int, default=None, help="held-out requests (default: the demo's)")
-    p.add_argument("--batch-size", type=int, default=None, help="requests per batch (default: the demo's)")
+    p.add_argument("--requests", type=positive_int, default=None, help="held-out requests (default: the demo's)")
+    p.add_argument("--batch-size", type=positive_int, default=None, help="requests per batch (default: the demo's)")
     p.add_argument("--json", default=None, help="write the figures as JSON to this path")
     p.add_argument("--plot", default=None, help="write the step-0 sparsity plot (PNG) to this path")
     p.add_argument("--model", default=None, help="a model directory instead of the embedded model")

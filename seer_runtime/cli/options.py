@@ -8,12 +8,11 @@ entry point (``model_adapters.services``); ``seer_runtime`` never imports a mode
 from __future__ import annotations
 
 import argparse
-import json
 from importlib.metadata import entry_points
 
 import torch
 
-from ..config import GenerationConfig
+from ..config import GenerationConfig, read_json_object
 from ..dyllm import DyLLMConfig
 from ..evaluate import read_requests_jsonl
 from ..seer import SeerConfig
@@ -31,9 +30,32 @@ def model_services():
     return chosen.load()
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an int >= 1 (anything else exits with status 2, naming the option)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {value}")
+    return value
+
+
+def device_name(text: str) -> str:
+    """argparse type: a torch device string whose device this machine has."""
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"expected a device such as cpu, cuda or cuda:1, got {text!r}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(f"{text!r}: this machine has no CUDA device (torch.cuda.is_available() "
+                                         "is False)")
+    return text
+
+
 def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None, choices=[k for k in DTYPES if k])
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", type=device_name)
 
 
 def add_generation_options(p: argparse.ArgumentParser, *, with_policies: bool = True) -> None:
@@ -63,8 +85,7 @@ def generation_config(args) -> GenerationConfig:
     """The GenerationConfig of ``--gen-json`` with the command-line options over it."""
     fields = {}
     if args.gen_json:
-        with open(args.gen_json) as f:
-            fields = json.load(f)
+        fields = read_json_object(args.gen_json, "--gen-json")
     for name in ("gen_length", "steps", "block_length", "temperature", "remasking", "alg", "cfg_scale", "schedule",
                  "step_ratio", "prefix_cache"):
         value = getattr(args, name)
@@ -89,7 +110,7 @@ def add_calibration_inputs(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", default=None,
                    help="JSONL, one request per line: question, optional image (path relative to the file), "
                         "optional answer (default: the embedded model's calibration split)")
-    p.add_argument("--requests", type=int, default=None, help="use only the first N requests of the data")
+    p.add_argument("--requests", type=positive_int, default=None, help="use only the first N requests of the data")
     add_model_options(p)
     add_generation_options(p, with_policies=False)
 

@@ -105,6 +105,8 @@ def test_backend_choice():
     assert resolve_backend(recording, torch.device("cpu")) is recording
     with pytest.raises(ValueError, match="graphs must be"):
         resolve_backend("cuda-please", torch.device("cpu"))
+    with pytest.raises(ValueError, match="graphs='cuda' needs a CUDA device"):
+        resolve_backend("cuda", torch.device("cpu"))
     with pytest.raises(TypeError, match="lacks the method"):
         resolve_backend(object(), torch.device("cpu"))
     with pytest.raises(ValueError, match="max_graphs"):
