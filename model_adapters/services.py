@@ -12,8 +12,12 @@ from .lavida import process_image
 from .loading import build_model, load_model
 
 
-def load_tokenizer(path: str | Path) -> ChatTokenizer:
-    return ChatTokenizer.from_pretrained(path)
+def load_tokenizer(path: str | Path, *, chat_template: str | Path | None = None,
+                   require_template: bool = True) -> ChatTokenizer:
+    """The checkpoint's tokenizer and chat template (``model_adapters.chat``): ``chat_template``
+    overrides the directory's (a jinja2 file or a family template's name); without a template
+    in the directory, ``require_template=False`` still gives the tokenizer (raw-text use)."""
+    return ChatTokenizer.from_pretrained(path, chat_template=chat_template, require_template=require_template)
 
 
 def load_image(model, path: str | Path):
