@@ -49,62 +49,19 @@ from __future__ import annotations
 
 import struct
 import sys
-import time
 import zlib
-from dataclasses import dataclass
-from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
 from lm_eval.api.model import LM
 from tqdm.auto import tqdm
 
-from ..config import GenerationConfig
-from ..evaluate import pad_left
-from ..generation import generate
+from .common import MODEL_ARGS, HarnessModel, flag, positive_int
 
 MODEL_NAME = "seer"
 
 #: the adapter's own --model_args (every other key is a GenerationConfig field)
-ADAPTER_ARGS = ("pretrained", "seer", "dyllm", "chat_template", "dtype", "device", "batch_size", "max_batch_size",
-                "mc_num", "mc_batch_size", "mc_seed", "check_greedy", "add_bos_token", "show_speed")
-#: generation keywords of a task that are not GenerationConfig fields
-_TASK_KEYS = ("until", "max_gen_toks", "do_sample")
-
-
-@dataclass
-class Speed:
-    """Totals over ``generate_until`` calls: answer tokens, wall seconds, forward passes, requests,
-    and answers cut to the task's ``max_gen_toks``."""
-
-    tokens: int = 0
-    wall_s: float = 0.0
-    nfe: int = 0
-    requests: int = 0
-    cut_to_max_gen_toks: int = 0
-
-    @property
-    def tok_per_s(self) -> float:
-        return self.tokens / self.wall_s if self.wall_s > 0 else 0.0
-
-    def lines(self) -> list[str]:
-        return [f"Total number of tokens generated: {self.tokens}", f"Total time taken: {self.wall_s:.3f} seconds",
-                f"Tokens per second: {self.tok_per_s:.2f}", f"Total NFE is {self.nfe}",
-                f"Requests: {self.requests}; answers cut to max_gen_toks: {self.cut_to_max_gen_toks}"]
-
-
-def _positive_int(name: str, value) -> int:
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    return value
-
-
-def _flag(name: str, value) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be True or False, got {value!r}")
-    return value
+ADAPTER_ARGS = (*MODEL_ARGS, "mc_num", "mc_batch_size", "mc_seed", "check_greedy", "add_bos_token")
 
 
 class SeerLM(LM):
@@ -116,47 +73,27 @@ class SeerLM(LM):
                  mc_batch_size: int = 32, mc_seed: int = 1234, check_greedy: bool = True,
                  add_bos_token: bool = False, show_speed: bool = True, **generation):
         super().__init__()
-        from ..cli.options import DTYPES, checkpoint_generation_fields, model_services, policies
-
-        if not isinstance(pretrained, str) or not pretrained:
-            raise ValueError("pretrained must be a local checkpoint directory (--model_args pretrained=DIR)")
-        try:
-            self.gen = GenerationConfig.from_dict({**checkpoint_generation_fields(pretrained), **generation})
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"--model_args: {exc}; seer's own arguments are {list(ADAPTER_ARGS)}") from None
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {[k for k in DTYPES if k]}, got {dtype!r}")
-        device = "cpu" if device is None else str(device)
-        if device.startswith("cuda") and not torch.cuda.is_available():
-            raise ValueError(f"device={device!r}, but CUDA is not available here: pass --device cpu")
-        if isinstance(batch_size, str) and batch_size.startswith("auto"):
-            raise ValueError("batch_size 'auto' is not supported: give the number of requests per batch")
-        if max_batch_size is not None:
-            raise ValueError("max_batch_size goes with --batch_size auto, which seer does not support")
-        self.batch_size = _positive_int("batch_size", 1 if batch_size is None else batch_size)
-        self.mc_num = _positive_int("mc_num", mc_num)
-        self.mc_batch_size = _positive_int("mc_batch_size", mc_batch_size)
+        self.mc_num = positive_int("mc_num", mc_num)
+        self.mc_batch_size = positive_int("mc_batch_size", mc_batch_size)
         if self.mc_num % self.mc_batch_size:
             raise ValueError(f"mc_num ({mc_num}) must be a multiple of mc_batch_size ({mc_batch_size})")
         if isinstance(mc_seed, bool) or not isinstance(mc_seed, int):
             raise ValueError(f"mc_seed must be an int, got {mc_seed!r}")
-        self.check_greedy = _flag("check_greedy", check_greedy)
-        self.add_bos_token = _flag("add_bos_token", add_bos_token)
-        self.show_speed = _flag("show_speed", show_speed)
-        svc = model_services()
-        self.pretrained = pretrained
-        self.tokenizer = svc.load_tokenizer(pretrained, chat_template=chat_template, require_template=False)
-        self.model = svc.load_model(pretrained, dtype=DTYPES[dtype], device=device)
-        self.seer, self.dyllm = policies(SimpleNamespace(seer=seer, dyllm=dyllm), self.model)
-        self._device = self.model.device
         self.mc_seed = mc_seed
-        self.speed = Speed()
+        self.check_greedy = flag("check_greedy", check_greedy)
+        self.add_bos_token = flag("add_bos_token", add_bos_token)
+        self.harness = HarnessModel(pretrained, seer=seer, dyllm=dyllm, chat_template=chat_template, dtype=dtype,
+                                    device=device, batch_size=batch_size, max_batch_size=max_batch_size,
+                                    show_speed=show_speed, generation=generation, own_args=ADAPTER_ARGS)
+        h = self.harness
+        self.model, self.tokenizer, self.gen, self.speed, self.batch_size = (h.model, h.tokenizer, h.gen, h.speed,
+                                                                             h.batch_size)
+        self._device = self.model.device
 
     # ------------------------------------------------------------------------- chat templates
     @property
     def tokenizer_name(self) -> str:
-        source = self.tokenizer.template.source if self.tokenizer.template else "no chat template"
-        return f"{self.pretrained}|{source}"
+        return self.harness.tokenizer_name
 
     def chat_template(self, chat_template: bool | str = False) -> str | None:
         return self.tokenizer.template.template if self.tokenizer.template else None
@@ -183,73 +120,13 @@ class SeerLM(LM):
         return prefix, target
 
     # ------------------------------------------------------------------------ generate_until
-    def _request_config(self, kwargs: dict) -> tuple[GenerationConfig, list[str], int | None]:
-        """The GenerationConfig, stop strings and token cap of a task's generation keywords."""
-        if not isinstance(kwargs, dict):
-            raise TypeError(f"generation keywords must be a dict, got {type(kwargs).__name__}")
-        until = kwargs.get("until") or []
-        until = [until] if isinstance(until, str) else list(until)
-        if not all(isinstance(u, str) and u for u in until):
-            raise ValueError(f"until must be non-empty strings, got {until!r}")
-        cap = kwargs.get("max_gen_toks")
-        cap = None if cap is None else _positive_int("max_gen_toks", cap)
-        fields = {k: v for k, v in kwargs.items() if k not in _TASK_KEYS}
-        sample = kwargs.get("do_sample")
-        if sample is False:
-            if fields.get("temperature", 0.0) > 0:
-                raise ValueError(f"do_sample=False with temperature={fields['temperature']}: pick one")
-            fields["temperature"] = 0.0
-        try:
-            gen = GenerationConfig.from_dict({**self.gen.to_dict(), **fields})
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"the task's generation keywords {kwargs}: {exc}") from None
-        if sample is True and gen.temperature == 0:
-            raise ValueError("do_sample=True needs temperature > 0 (in the task's keywords or --model_args)")
-        return gen, until, cap
-
-    def _answer_text(self, ids: list[int], until: list[str]) -> str:
-        text = self.tokenizer.decode(ids, skip_special_tokens=False)
-        cut = min([text.index(u) for u in until if u in text], default=len(text))
-        text = text[:cut]
-        for special in self.tokenizer.special_tokens:
-            text = text.replace(special, "")
-        return text
-
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         """Answers to ``(context, generation keywords)`` requests, in order (module docstring)."""
-        groups: dict[str, list[int]] = {}
-        for i, req in enumerate(requests):
-            groups.setdefault(repr(sorted(req.args[1].items())), []).append(i)
-        answers: list[str | None] = [None] * len(requests)
-        bar = tqdm(total=len(requests), desc="seer generate_until", disable=disable_tqdm, file=sys.stderr)
-        call = Speed()
-        for rows in groups.values():
-            gen, until, cap = self._request_config(requests[rows[0]].args[1])
-            for start in range(0, len(rows), self.batch_size):
-                batch = rows[start: start + self.batch_size]
-                ids, mask = pad_left([self._encode(requests[i].args[0]) for i in batch], self.model.token_ids.pad)
-                ids = ids.to(self._device)
-                mask = None if mask is None else mask.to(self._device)
-                t0 = time.perf_counter()
-                out = generate(self.model, ids, attention_mask=mask, gen=gen, seer=self.seer, dyllm=self.dyllm)
-                call.wall_s += time.perf_counter() - t0
-                call.nfe += out.stats.nfe
-                for r, i in enumerate(batch):
-                    answer = out.answer_ids(r)
-                    if cap is not None and len(answer) > cap:
-                        answer = answer[:cap]
-                        call.cut_to_max_gen_toks += 1
-                    call.tokens += len(answer)
-                    answers[i] = self._answer_text(answer, until)
-                    self.cache_hook.add_partial("generate_until", requests[i].args, answers[i])
-                call.requests += len(batch)
-                bar.update(len(batch))
-        bar.close()
-        for name in ("tokens", "wall_s", "nfe", "requests", "cut_to_max_gen_toks"):
-            setattr(self.speed, name, getattr(self.speed, name) + getattr(call, name))
-        if self.show_speed:
-            print("\n".join(f"[seer] {line}" for line in call.lines()), file=sys.stderr)
-        return answers
+        def cache(i, text):
+            self.cache_hook.add_partial("generate_until", requests[i].args, text)
+
+        return self.harness.decode([self._encode(r.args[0]) for r in requests], None, [r.args[1] for r in requests],
+                                   desc="seer generate_until", disable_tqdm=disable_tqdm, on_answer=cache)
 
     # ------------------------------------------------------------------------- loglikelihood
     def _logits(self, batch: torch.Tensor, prompt_len: int) -> torch.Tensor:
