@@ -7,6 +7,8 @@ the word-level tokenizer decodes them. ``seer_embedded_choice.jsonl``: the first
 its last word, the answer with its last word repeated; each ending with the end-of-turn token,
 which is where a chat answer ends), the right one at index ``i % 3``. The YAML files beside them
 load these files (``utils.py``), so lm-eval runs them offline with ``--include_path``.
+``../lmms_eval_tasks/seer_embedded_image.jsonl``: the image questions of the same requests, for
+lmms-eval (their images are redrawn from the task generator by ``id``).
 """
 
 from __future__ import annotations
@@ -20,14 +22,16 @@ CHOICE_QUESTIONS = 24
 END_OF_TURN = "<|eot_id|>"
 
 
-def text_items() -> list[dict]:
+def items(*, images: bool) -> list[dict]:
+    """The held-out text (or image) questions of the demo's requests, answers as decoded."""
     from model_adapters.embedded import EmbeddedTokenizer
     from model_adapters.embedded.serving import demo_requests
 
     tok = EmbeddedTokenizer()
     _, tasks = demo_requests(DEMO_REQUESTS, tok)
-    return [{"id": i, "question": t.question, "answer": tok.decode(tok.encode(t.answer))}
-            for i, t in enumerate(tasks) if not t.has_image]
+    extra = {"demo_requests": DEMO_REQUESTS} if images else {}
+    return [{"id": i, **extra, "question": t.question, "answer": tok.decode(tok.encode(t.answer))}
+            for i, t in enumerate(tasks) if t.has_image == images]
 
 
 def choice_items(items: list[dict]) -> list[dict]:
@@ -43,11 +47,12 @@ def choice_items(items: list[dict]) -> list[dict]:
 
 
 def write(folder: Path = TASK_DIR) -> list[Path]:
-    items = text_items()
-    files = {"seer_embedded_text.jsonl": items, "seer_embedded_choice.jsonl": choice_items(items)}
-    for name, rows in files.items():
-        (folder / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return [folder / name for name in files]
+    text = items(images=False)
+    files = {folder / "seer_embedded_text.jsonl": text, folder / "seer_embedded_choice.jsonl": choice_items(text),
+             folder.parent / "lmms_eval_tasks" / "seer_embedded_image.jsonl": items(images=True)}
+    for path, rows in files.items():
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return list(files)
 
 
 if __name__ == "__main__":
