@@ -28,11 +28,6 @@ def _config_of(module: nn.Module) -> dict:
                     "Hugging Face models carry); pass config= (the checkpoint's config.json as a dict)")
 
 
-def _describe(names: list[str], limit: int = 12) -> str:
-    shown = ", ".join(names[:limit])
-    return shown + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")
-
-
 def from_module(module: nn.Module, *, config: dict | None = None) -> nn.Module:
     """Our model for an already-built upstream ``module``, sharing its parameters (no copy).
 
@@ -52,33 +47,21 @@ def from_module(module: nn.Module, *, config: dict | None = None) -> nn.Module:
         raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
     cfg = dict(config) if config is not None else _config_of(module)
     ours = build_model(cfg, device="meta")
-    expected = {k: tuple(v.shape) for k, v in ours.state_dict().items()}
     # keep_vars: the Parameter objects themselves (and persistent buffers), not detached copies
     theirs = module.state_dict(keep_vars=True)
-    missing = sorted(set(expected) - set(theirs))
-    unexpected = sorted(set(theirs) - set(expected))
-    wrong = sorted(f"{k} {tuple(theirs[k].shape)} != {expected[k]}" for k in set(theirs) & set(expected)
-                   if tuple(theirs[k].shape) != expected[k])
-    problems = []
-    if missing:
-        problems.append(f"missing ({len(missing)}): {_describe(missing)}")
-    if unexpected:
-        problems.append(f"unexpected ({len(unexpected)}): {_describe(unexpected)}")
-    if wrong:
-        problems.append(f"wrong shapes ({len(wrong)}): {_describe(wrong)}")
-    if problems:
+    for name, param in ours.named_parameters():
+        if name in theirs:  # assignment below gives their objects our flag: make ours theirs first
+            param.requires_grad_(theirs[name].requires_grad)
+    swapping = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(False)  # assign, never swap their tensors' contents
+    try:
+        ours.load_state_dict(theirs, strict=True, assign=True)
+    except RuntimeError as exc:  # torch lists the missing and unexpected names and the wrong shapes
         raise ValueError(f"{type(module).__name__} does not carry the names of {type(ours).__name__} "
-                         f"(model_type {cfg.get('model_type')!r}): " + "; ".join(problems))
-    for name, tensor in theirs.items():
-        owner_name, _, leaf = name.rpartition(".")
-        owner = ours.get_submodule(owner_name)
-        if leaf in owner._parameters:
-            # a tensor that is a buffer upstream but a parameter here is wrapped, still without a copy
-            owner._parameters[leaf] = (tensor if isinstance(tensor, nn.Parameter)
-                                       else nn.Parameter(tensor, requires_grad=False))
-        else:
-            owner._buffers[leaf] = tensor
+                         f"(model_type {cfg.get('model_type')!r}): {exc}") from None
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(swapping)
     left = [n for n, t in [*ours.named_parameters(), *ours.named_buffers()] if t.device == torch.device("meta")]
     if left:  # state our definition holds outside its state_dict: nothing to share it from
-        raise ValueError(f"{type(ours).__name__} has tensors no upstream name provides: {_describe(left)}")
+        raise ValueError(f"{type(ours).__name__} has tensors no upstream name provides: {left}")
     return ours.eval()
