@@ -37,7 +37,7 @@ Requests:
   positions, cross-entropy of the masked positions divided by the mask ratio; ``is_greedy`` by
   its suffix greedy prediction (one position committed per forward). Classifier-free guidance
   (``cfg_scale``) as its ``get_logits``. Dream-family logits are shifted (position i-1
-  predicts token i).
+  predicts token i). Seer and DyLLM act on generation only: a likelihood is the full model's.
 * ``loglikelihood_rolling`` (perplexity) is not defined for these models: an error.
 
 Speed, as Fast-dLLM's ``show_speed`` prints it after every ``generate_until`` call: generated
