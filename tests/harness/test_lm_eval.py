@@ -45,6 +45,20 @@ def test_importing_the_packages_imports_no_harness():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
+def test_the_local_task_files_are_the_held_out_requests(tmp_path):
+    """The committed JSONL files are what ``write_tasks`` writes from the task generator."""
+    from bench.lm_eval_tasks import write_tasks
+
+    (tmp_path / "lm").mkdir()
+    (tmp_path / "lmms_eval_tasks").mkdir()
+    for written in write_tasks.write(tmp_path / "lm"):
+        committed = (TASKS if written.parent.name == "lm" else ROOT / "bench" / "lmms_eval_tasks") / written.name
+        assert written.read_text() == committed.read_text(), written.name
+    text = (TASKS / "seer_embedded_text.jsonl").read_text().splitlines()
+    images = (ROOT / "bench" / "lmms_eval_tasks" / "seer_embedded_image.jsonl").read_text().splitlines()
+    assert len(text) + len(images) == write_tasks.DEMO_REQUESTS  # every held-out request, once
+
+
 def test_seer_is_registered_beside_lm_evals_own_models():
     from lm_eval.api.registry import get_model, model_registry
 
