@@ -166,6 +166,8 @@ class HarnessModel:
                 out = generate(self.model, ids.to(device), attention_mask=None if mask is None else mask.to(device),
                                images=None if images is None else [images[i] for i in batch], gen=gen,
                                seer=self.seer, dyllm=self.dyllm)
+                if out.sequences.is_cuda:  # the time of the work, not of its launch
+                    torch.cuda.synchronize(out.sequences.device)
                 call.wall_s += time.perf_counter() - t0
                 call.nfe += out.stats.nfe
                 for r, i in enumerate(batch):

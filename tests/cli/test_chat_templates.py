@@ -157,6 +157,11 @@ def test_generate_answers_held_out_requests_as_the_demo_does(tmp_path, capsys):
     assert "steps 16 " in err and "window 16, block 16" in err
 
 
+def test_calibrate_names_a_template_only_with_a_checkpoint(capsys):
+    assert main(["calibrate", "--chat-template", "llada"]) == 2
+    assert "--chat-template needs --model" in capsys.readouterr().err
+
+
 def test_generate_without_a_template_says_so(tmp_path, capsys):
     from tests.cli.test_cli import write_checkpoint
 
