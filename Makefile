@@ -11,7 +11,8 @@ STAMP  := $(VENV)/.seer-installed
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[dev,plot]"
+	$(PY) -m pip install -q -e ".[dev,plot,eval]"
+	$(PY) -m pip install -q --no-deps "lmms-eval==0.7.3"
 	touch $(STAMP)
 
 demo: $(STAMP)

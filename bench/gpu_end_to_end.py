@@ -136,7 +136,8 @@ def decode_rows(kind: str, s: Setting, rows: list[dict]) -> None:
         stats = out.stats
         if base is None:
             base = (t, stats.tokens_computed)
-            _emit(rows, row(f"{where}: {label}", 1e3 * t, f"{s.batch * s.window / t:.1f} window tok/s, NFE {stats.nfe}"))
+            note = f"{s.batch * s.window / t:.1f} window tok/s, NFE {stats.nfe}"
+            _emit(rows, row(f"{where}: {label}", 1e3 * t, note))
             continue
         ideal = 1.0
         if cut:

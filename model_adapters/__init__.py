@@ -17,6 +17,7 @@ from .lavida import (
 )
 from .llada import LLaDAModelLM, MMadaModelLM, mmada_mmu_input_ids
 from .loading import ARCHITECTURES, architecture_of, build_model, load_model, save_model
+from .shared_weights import from_module
 
 __all__ = [
     "ARCHITECTURES",
@@ -32,6 +33,7 @@ __all__ = [
     "ModelOutput",
     "architecture_of",
     "build_model",
+    "from_module",
     "load_model",
     "mmada_mmu_input_ids",
     "process_image",

@@ -12,22 +12,33 @@ from .lavida import process_image
 from .loading import build_model, load_model
 
 
-def load_tokenizer(path: str | Path) -> ChatTokenizer:
-    return ChatTokenizer.from_pretrained(path)
+def load_tokenizer(path: str | Path, *, chat_template: str | Path | None = None,
+                   require_template: bool = True) -> ChatTokenizer:
+    """The checkpoint's tokenizer and chat template (``model_adapters.chat``): ``chat_template``
+    overrides the directory's (a jinja2 file or a family template's name); without a template
+    in the directory, ``require_template=False`` still gives the tokenizer (raw-text use)."""
+    return ChatTokenizer.from_pretrained(path, chat_template=chat_template, require_template=require_template)
 
 
-def load_image(model, path: str | Path):
-    """Read an image file and prepare it as the model's processor does (LaViDa: anyres)."""
-    from PIL import Image
-
+def prepare_image(model, image):
+    """A PIL image prepared as the model's processor does (LaViDa: anyres per its config)."""
     if not getattr(model, "is_multimodal", False):
-        raise ValueError(f"--image was given, but {type(model).__name__} is a text-only model")
+        raise ValueError(f"an image was given, but {type(model).__name__} is a text-only model")
     tower = model.model.vision_tower
     cfg = model.config
     anyres = str(cfg.get("image_aspect_ratio", "anyres")).startswith("anyres")
     grid = [tuple(p) for p in cfg.get("image_grid_pinpoints", [])] or None
+    return process_image(image.convert("RGB"), image_size=tower.image_size, anyres=anyres, grid_pinpoints=grid)
+
+
+def load_image(model, path: str | Path):
+    """Read an image file and prepare it as the model's processor does (:func:`prepare_image`)."""
+    from PIL import Image
+
+    if not getattr(model, "is_multimodal", False):
+        raise ValueError(f"--image was given, but {type(model).__name__} is a text-only model")
     with Image.open(path) as img:
-        return process_image(img.convert("RGB"), image_size=tower.image_size, anyres=anyres, grid_pinpoints=grid)
+        return prepare_image(model, img)
 
 
 def tiny_random_model(kind: str = "lavida-llada", *, seed: int = 0):
@@ -46,4 +57,5 @@ def embedded():
     return serving
 
 
-__all__ = ["build_model", "embedded", "load_image", "load_model", "load_tokenizer", "tiny_random_model"]
+__all__ = ["build_model", "embedded", "load_image", "load_model", "load_tokenizer", "prepare_image",
+           "tiny_random_model"]

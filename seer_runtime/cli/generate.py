@@ -1,4 +1,9 @@
-"""``seer generate``: decode one prompt with a local checkpoint and print the answer and the statistics."""
+"""``seer generate``: decode one prompt with a local checkpoint and print the answer and the statistics.
+
+The prompt is the checkpoint's own chat template rendered for one user turn (``--chat-template``
+names another), and decoding starts from the checkpoint's defaults (``options.GENERATION_FILE``)
+with the options given over them: so the embedded model answers here as it does in ``seer demo``.
+"""
 
 from __future__ import annotations
 
@@ -23,17 +28,19 @@ def add_parsers(sub) -> None:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     svc = model_services()
+    tok = svc.load_tokenizer(args.model, chat_template=args.chat_template)
+    gen = generation_config(args, args.model)
     model = svc.load_model(args.model, dtype=DTYPES[args.dtype], device=args.device)
-    tok = svc.load_tokenizer(args.model)
     images = [svc.load_image(model, args.image)] if args.image else None
     ids = torch.tensor([tok.encode_prompt(args.prompt, with_image=bool(args.image))], device=model.device)
-    gen = generation_config(args)
     seer, dyllm = policies(args, model)
     out = generate(model, ids, images=images, gen=gen, seer=seer, dyllm=dyllm, progress=True)
     print(tok.decode(out.answer_ids(0)))
     st = out.stats
     print(f"\n[stats] NFE {st.nfe}  steps {st.steps[0]}  tokens computed {st.tokens_computed:,}  "
           + "  ".join(f"{k} {v:.3f}s" for k, v in st.time_s.items()), file=sys.stderr)
+    print(f"[stats] chat template: {tok.template.source}; window {gen.gen_length}, block {gen.block}",
+          file=sys.stderr)
     for key, value in st.extra.items():
         print(f"[stats] {key}: {value}", file=sys.stderr)
     return 0

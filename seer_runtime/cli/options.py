@@ -3,12 +3,19 @@ the calibrate commands read their requests.
 
 Model loading, tokenizers and images come from the model layer through the ``seer.models``
 entry point (``model_adapters.services``); ``seer_runtime`` never imports a model definition.
+
+A checkpoint directory may carry its decoding defaults in :data:`GENERATION_FILE` (the fields
+of a ``GenerationConfig``, as ``GenerationConfig.to_json`` writes them; named apart from
+Hugging Face's ``generation_config.json``, whose keys are not ours). The commands and the
+harness adapters start from it: the library's defaults, then the checkpoint's file, then
+``--gen-json``, then the options given.
 """
 
 from __future__ import annotations
 
 import argparse
 from importlib.metadata import entry_points
+from pathlib import Path
 
 import torch
 
@@ -19,6 +26,8 @@ from ..seer import SeerConfig
 
 #: --dtype choices -> torch dtypes (None: the checkpoint's own)
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, None: None}
+#: a checkpoint directory's decoding defaults (GenerationConfig fields)
+GENERATION_FILE = "seer_generation_config.json"
 
 
 def model_services():
@@ -56,6 +65,24 @@ def device_name(text: str) -> str:
 def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None, choices=[k for k in DTYPES if k])
     p.add_argument("--device", default="cpu", type=device_name)
+    p.add_argument("--chat-template", default=None,
+                   help="the prompt template, instead of the checkpoint's own (its chat_template.jinja, or the "
+                        "chat_template of its tokenizer_config.json): a jinja2 file, or a family template by name "
+                        "(llada, dream, lavida-llada, lavida-dream)")
+
+
+def checkpoint_generation_fields(path: str | Path) -> dict:
+    """The GenerationConfig fields stored in ``path``/:data:`GENERATION_FILE` ({} without one);
+    validated (an unknown field or a bad value is a ``ValueError`` naming the file)."""
+    file = Path(path) / GENERATION_FILE
+    if not file.is_file():
+        return {}
+    fields = read_json_object(file, "the checkpoint's decoding defaults")
+    try:
+        GenerationConfig.from_dict(fields)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"{file}: {exc}") from None
+    return fields
 
 
 def add_generation_options(p: argparse.ArgumentParser, *, with_policies: bool = True) -> None:
@@ -81,11 +108,12 @@ def add_generation_options(p: argparse.ArgumentParser, *, with_policies: bool = 
                         "corrected for the salient keys' change)")
 
 
-def generation_config(args) -> GenerationConfig:
-    """The GenerationConfig of ``--gen-json`` with the command-line options over it."""
-    fields = {}
+def generation_config(args, checkpoint: str | Path | None = None) -> GenerationConfig:
+    """The checkpoint's decoding defaults (:data:`GENERATION_FILE`), ``--gen-json`` over them,
+    and the command-line options over both."""
+    fields = checkpoint_generation_fields(checkpoint) if checkpoint is not None else {}
     if args.gen_json:
-        fields = read_json_object(args.gen_json, "--gen-json")
+        fields.update(read_json_object(args.gen_json, "--gen-json"))
     for name in ("gen_length", "steps", "block_length", "temperature", "remasking", "alg", "cfg_scale", "schedule",
                  "step_ratio", "prefix_cache"):
         value = getattr(args, name)
@@ -123,15 +151,16 @@ def load_calibration_inputs(args):
     if args.model:  # a real checkpoint: its own tokenizer, image processor and generation options
         if not args.data:
             raise ValueError("--model needs --data (a JSONL of requests: question, optional image and answer)")
+        tok = svc.load_tokenizer(args.model, chat_template=args.chat_template)
+        gen = generation_config(args, args.model)
         model = svc.load_model(args.model, dtype=DTYPES[args.dtype], device=args.device)
-        tok = svc.load_tokenizer(args.model)
-        requests = read_requests_jsonl(
-            args.data, encode_prompt=tok.encode_prompt, limit=args.requests,
-            encode_answer=lambda text: tok.tokenizer.encode(text, add_special_tokens=False).ids,
-            load_image=lambda p: svc.load_image(model, p))
-        gen = generation_config(args)
+        requests = read_requests_jsonl(args.data, encode_prompt=tok.encode_prompt, encode_answer=tok.encode,
+                                       limit=args.requests, load_image=lambda p: svc.load_image(model, p))
     else:
+        if args.chat_template:
+            raise ValueError("--chat-template needs --model (the embedded model's prompts use its own template)")
         emb = svc.embedded()
         model, _ = emb.load_embedded()
-        requests, gen = emb.calibration_requests(args.data, n=args.requests, model=model)
+        requests, _ = emb.calibration_requests(args.data, n=args.requests, model=model)
+        gen = generation_config(args, emb.EMBEDDED_DIR)  # its decoding defaults, the options given over them
     return model, requests, gen

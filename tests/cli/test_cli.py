@@ -17,8 +17,10 @@ def write_checkpoint(path, kind="llada-8b-instruct"):
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     torch.manual_seed(0)
-    model = ma.build_model(ma.tiny_config(kind, seer_chat_template="<|startoftext|> {image}{question} <|eot_id|>"))
+    model = ma.build_model(ma.tiny_config(kind))
     ma.save_model(model, path)
+    template = "{{ bos_token }}{% for m in messages %}{{ m['content'] }} <|eot_id|>{% endfor %}"
+    (path / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<|startoftext|>", "chat_template": template}))
     vocab = {f"w{i}": i for i in range(250)}
     vocab.update({"<|mdm_mask|>": 250, "<|endoftext|>": 251, "<|eot_id|>": 252, "<|startoftext|>": 253, "<unk>": 254})
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
