@@ -92,6 +92,8 @@ def read_tokenizer(path: str | os.PathLike):
     from tokenizers import Tokenizer
 
     path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path} does not exist (a checkpoint directory was expected)")
     file = path / "tokenizer.json"
     if not file.is_file():
         raise FileNotFoundError(
