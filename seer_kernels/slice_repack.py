@@ -821,6 +821,8 @@ def slice_repack(
     _dispatch.check_same_device(values=values, keep_len=keep_len, positions=positions, row_ids=row_ids)
     if isinstance(tau_pad, bool) or not isinstance(tau_pad, (int, float)) or not math.isfinite(tau_pad):
         raise TypeError(f"tau_pad must be a finite float, got {tau_pad!r}")
+    if not 0 <= tau_pad <= 1:  # a padding-waste ratio lies in [0, 1]
+        raise ValueError(f"tau_pad must lie in [0, 1], got {tau_pad!r}")
     if isinstance(eager_max_bucket, bool) or not isinstance(eager_max_bucket, int) or eager_max_bucket < 0:
         raise ValueError(f"eager_max_bucket must be an int >= 0, got {eager_max_bucket!r}")
     if values.is_floating_point():

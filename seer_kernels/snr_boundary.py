@@ -16,6 +16,7 @@ integer result is identical on every backend.
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import torch
@@ -274,11 +275,11 @@ def snr_boundary(
         )
     _dispatch.check_same_device(sparsity=sparsity, valid_len=valid_len)
     tau_jump = _check_real("tau_jump", tau_jump)
-    if not tau_jump > 0:  # also rejects NaN
-        raise ValueError(f"tau_jump must be > 0, got {tau_jump}")
+    if not 0 < tau_jump < math.inf:  # also rejects NaN; at inf no jump could ever reach it
+        raise ValueError(f"tau_jump must be a finite number > 0, got {tau_jump}")
     gamma = _check_real("gamma", gamma)
-    if not gamma >= 0:
-        raise ValueError(f"gamma must be >= 0, got {gamma}")
+    if not 0 <= gamma < math.inf:  # at inf the plateau half of the test would vanish
+        raise ValueError(f"gamma must be a finite number >= 0, got {gamma}")
     window = _check_int("window", window, 1)
     baseline_window = _check_int("baseline_window", baseline_window, 1)
     min_position = _check_int("min_position", min_position, 1)
