@@ -178,6 +178,10 @@ class DyLLMPolicy(DecodePolicy):
 
     def __init__(self, config: DyLLMConfig) -> None:
         self.config = config
+        self.keys, self.values, self.contexts, self.ffn_outputs = [], [], [], []  # per layer, from on_request
+        self._maps: dict[tuple, SparseMaps] = {}
+        self.records: list[dict] = []
+        self.current: SparseForward | None = None
 
     def on_request(self, run: DecodeRun) -> None:
         if run.gen.cfg_scale > 0:
@@ -297,6 +301,12 @@ class DyLLMPolicy(DecodePolicy):
 
     def report(self, run: DecodeRun) -> dict:
         return {"dyllm": self.stats(run)}
+
+    def release(self, run: DecodeRun) -> None:
+        for caches in (self.keys, self.values, self.contexts, self.ffn_outputs):
+            caches[:] = [None] * len(caches)
+        self._maps.clear()
+        self.records, self.current = [], None
 
     # -- caches --------------------------------------------------------------------------------
     def fit(self, capacity: int) -> None:

@@ -739,6 +739,14 @@ class DecodeRun:
         if bar is not None:
             bar.close()
 
+    def release(self) -> None:
+        """The call is over: every graph it captured is released, and each policy lets go of
+        what it held (``DecodePolicy.release``)."""
+        self.graphs.clear()
+        self._charges.clear()
+        for p in self.policies:
+            p.release(self)
+
     def output(self) -> GenerationOutput:
         window = self.tokens.clone()
         for b in range(self.batch_size):

@@ -198,9 +198,12 @@ def generate(
                         graphs=graphs)
         if images is not None:  # the image features are embedded now: the exact prompt length
             check_sequence_length(model, run.prompt_len, gen, images_counted=True)
-        for p in composed:
-            p.on_request(run)
-        run.decode()
-        out = run.output()
+        try:
+            for p in composed:
+                p.on_request(run)
+            run.decode()
+            out = run.output()
+        finally:
+            run.release()  # graphs and caches go with the call (not at Python's next cyclic collection)
     out.stats.add_time("total", time.perf_counter() - t0)
     return out

@@ -40,6 +40,8 @@ The hooks, in the order a ``generate`` call reaches them::
                                            (read together, once: ``run.step_values``)
         after_step(run, step)              the step's tokens are committed; True: steps remain
     report(run)                            a dict for ``stats.extra[policy.name]``, or None
+    release(run)                           the call is over (also after an error): let go of
+                                           graphs and caches
 """
 
 from __future__ import annotations
@@ -118,6 +120,10 @@ class DecodePolicy:
     def report(self, run: DecodeRun) -> dict | None:
         """What this policy measured, for ``stats.extra[self.name]`` (None: nothing)."""
         return None
+
+    def release(self, run: DecodeRun) -> None:
+        """The ``generate`` call is over (returned or raised): release what it held (captured
+        graphs, caches), so that nothing of it waits for Python's cyclic collector."""
 
 
 _REPLAYED_HOOKS = ("before_layers", "layer_taps", "after_layer", "after_layers", "on_logits")

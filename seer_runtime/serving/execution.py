@@ -64,6 +64,8 @@ class RoutedExecution(DecodePolicy):
     def __init__(self, config: RouterConfig | None = None, *, graphs="auto") -> None:
         self.config = config
         self.graph_backend = graphs
+        self._graphs: GraphCache | None = None
+        self._group = self._graph_layout = None
 
     def on_request(self, run: DecodeRun) -> None:
         config = self.config or RouterConfig.for_window(run.width, max_batch=max(1, run.batch_size))
@@ -88,6 +90,11 @@ class RoutedExecution(DecodePolicy):
         else:
             logits = self._forward_packed(run, rows, step, route)
         return logits[:, : max(lengths)]
+
+    def release(self, run: DecodeRun) -> None:
+        if self._graphs is not None:
+            self._graphs.clear()
+        self._graphs = self._group = self._graph_layout = None
 
     def report(self, run: DecodeRun) -> dict:
         out = {"router": self.stats.as_dict()}

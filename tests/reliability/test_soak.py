@@ -145,11 +145,6 @@ def test_memory_and_graph_entries_stay_flat_over_2000_requests(planted):
     assert rss1 - rss0 < 64 * 2**20, f"resident set grew {(rss1 - rss0) / 2**20:.1f} MiB"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a generate call's graphs outlive it until the cyclic collector runs: the static step function "
-    "(RoutedExecution._static_cache.<locals>.step_logits, GraphCache.fn) closes over the DecodeRun, whose "
-    "policies hold the RoutedExecution that holds the GraphCache; on CUDA each call's graphs and memory pool "
-    "stay allocated until then (seer_runtime/serving/execution.py)"))
 def test_graphs_are_released_when_generate_returns(planted):
     model = tiny("llada-8b-instruct")
     backend = SoakBackend()
