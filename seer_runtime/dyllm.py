@@ -122,8 +122,8 @@ class SparseMaps:
     cache ``[B * Lc]``, ``query_key`` the packed key row of the query's own key. Keys: cache keys
     ``cache_key_src`` -> packed row ``cache_key_dst``; prefix keys ``(prefix_key_row,
     prefix_key_pos)`` -> ``prefix_key_dst``. ``cu_q`` / ``cu_k`` int32 prefix sums, ``max_q`` /
-    ``max_k`` / ``num_keys`` host ints, ``queries_per_request`` / ``keys_per_request`` float64
-    ``[R]``, ``positions`` the packed RoPE positions and ``rope`` their cos/sin."""
+    ``max_k`` / ``num_keys`` host ints, ``positions`` the packed RoPE positions and ``rope`` their
+    cos/sin."""
 
     num_queries: int
     query_src: torch.Tensor
@@ -140,12 +140,11 @@ class SparseMaps:
     prefix_key_row: torch.Tensor | None
     prefix_key_pos: torch.Tensor | None
     prefix_key_dst: torch.Tensor | None
-    queries_per_request: torch.Tensor
-    keys_per_request: torch.Tensor
     positions: torch.Tensor
     rope: tuple[torch.Tensor, torch.Tensor]
     slots: torch.Tensor  # arange(num_queries): the fixed-capacity row sets' slot numbers
     layer_stats: torch.Tensor  # float64 [layers, 5]: a forward's gating, salient, union, exact rows, MACs
+    macs_weights: tuple[float, torch.Tensor, float, float]  # DyLLMPolicy.macs_weights of this layout
 
 
 @dataclass
@@ -386,10 +385,9 @@ class DyLLMPolicy(DecodePolicy):
             cu_k=up([0, *_cumsum(keys_per_request)], torch.int32), max_q=max(fed_per_request),
             max_k=max(keys_per_request), num_keys=tk, cache_key_src=index[kr] * lc + kj, cache_key_dst=pk_map[kr, kj],
             prefix_key_row=kp_row, prefix_key_pos=kp_pos, prefix_key_dst=kp_dst,
-            queries_per_request=up(fed_per_request, torch.float64), keys_per_request=up(keys_per_request,
-                                                                                       torch.float64),
             positions=positions, rope=run.model.rope(positions), slots=torch.arange(tq, device=dev),
-            layer_stats=torch.zeros(run.num_layers, 5, dtype=torch.float64, device=dev))
+            layer_stats=torch.zeros(run.num_layers, 5, dtype=torch.float64, device=dev),
+            macs_weights=self.macs_weights(fed_per_request, keys_per_request, up))
 
     def _first_gate(self, run: DecodeRun, plan: SparseForward, fwd: Forward) -> None:
         """Layer 0's gating set: the positions committed since each request's previous forward
@@ -436,27 +434,42 @@ class DyLLMPolicy(DecodePolicy):
             total += n * per_row + 2.0 * n * nk * d["Hd"]
         return total
 
-    def account(self, plan: SparseForward, layer: int, gate: torch.Tensor, gate_count: torch.Tensor,
-                salient: torch.Tensor, salient_count: torch.Tensor, exact: torch.Tensor) -> None:
-        """One sparse layer's counts and ideal multiply-accumulates, on the device (``plan.layer_stats``)."""
-        d, maps = self.dims, plan.maps
-        R = len(plan.rows)
-        live_a = (maps.slots < gate_count).double()
-        live_b = (maps.slots < salient_count).double()
-        zeros = torch.zeros(R, dtype=torch.float64, device=gate.device)
-        a_r = zeros.index_add(0, maps.query_row.index_select(0, gate), live_a)
-        b_r = zeros.index_add(0, maps.query_row.index_select(0, salient), live_b)
-        e_r = zeros.index_add(0, maps.query_row, exact.double())
-        nq, nk = maps.queries_per_request, maps.keys_per_request
-        approx_cost = 3 if self.config.attention_mode == "partial" else 1
-        macs = (nq * (2 * d["D"] * d["Hd"]) + a_r * (2 * d["D"] * d["Hkd"]) + b_r * (3 * d["D"] * d["I"])
-                + nq * nk * d["Hd"]  # QK^T: every (query, key) pair, the softmax normaliser needs them all
-                + (e_r * nk + (nq - e_r) * a_r * approx_cost) * d["Hd"])  # P @ V for exact rows, P[:, A] @ dV
-        # for the others (the key correction adds their scores against A's old keys and a P[:, A] @ V_old)
-        union = _row_set_mask(gate, gate_count, maps.num_queries) | _row_set_mask(salient, salient_count,
-                                                                                   maps.num_queries)
-        plan.layer_stats[layer] = torch.stack([live_a.sum(), live_b.sum(), union.double().sum(),
-                                               exact.double().sum(), macs.sum()])
+    def account(self, plan: SparseForward, layer: int, gate_mask: torch.Tensor, salient_mask: torch.Tensor) -> None:
+        """One sparse layer's counts and ideal multiply-accumulates into ``plan.layer_stats[layer]``
+        (on the device): the gating and salient rows (bool ``[num_queries]`` each), their union, the
+        rows with exact attention, and the MACs of :meth:`macs_weights`."""
+        maps = plan.maps
+        base, per_gate, gate_squared, per_salient = maps.macs_weights
+        union = gate_mask | salient_mask
+        cols = torch.stack([gate_mask, salient_mask, union], dim=1).to(torch.float64)
+        per_request = torch.zeros(len(plan.rows), 3, dtype=torch.float64, device=cols.device)
+        per_request.index_add_(0, maps.query_row, cols)
+        totals = per_request.sum(dim=0)
+        gating = per_request[:, 0]
+        macs = base + (gating * (per_gate - gate_squared * gating)).sum() + per_salient * totals[1]
+        exact = totals[0] if self.config.approx_attention else totals.new_full((), maps.num_queries)
+        plan.layer_stats[layer] = torch.stack([totals[0], totals[1], totals[2], exact, macs])
+
+    def macs_weights(self, nq: list[int], nk: list[int], upload) -> tuple[float, torch.Tensor, float, float]:
+        """The ideal MACs of a sparse layer as ``base + sum_r a_r (per_gate_r - gate_squared a_r)
+        + per_salient * b`` for ``a_r`` gating rows of request r and ``b`` salient rows in all
+        (built once per layout). Per request with ``nq`` fed rows and ``nk`` keys: Q for every row
+        and K/V for the gating ones; ``QK^T`` over every (query, key) pair (the normaliser needs
+        them all); ``P @ V`` over every key for the exact rows and over the gating keys for the
+        others (three times that with the key correction: scores against the old keys and a
+        ``P[:, A] @ V_old``); the FFN for the salient rows. With partial attention the exact rows
+        are the gating ones; with exact attention every row is exact."""
+        d = self.dims
+        hd = d["Hd"]
+        base = sum(q * (2 * d["D"] * hd) + q * k * hd for q, k in zip(nq, nk))
+        if self.config.approx_attention:
+            cost = 3 if self.config.attention_mode == "partial" else 1
+            per_gate = [2 * d["D"] * d["Hkd"] + k * hd + q * cost * hd for q, k in zip(nq, nk)]
+            gate_squared = float(cost * hd)
+        else:
+            base += sum(q * k * hd for q, k in zip(nq, nk))
+            per_gate, gate_squared = [2 * d["D"] * d["Hkd"]] * len(nq), 0.0
+        return float(base), upload(per_gate, torch.float64), gate_squared, float(3 * d["D"] * d["I"])
 
     def stats(self, run: DecodeRun) -> dict:
         """Totals over the run plus one record per forward (see the module docstring); the
@@ -528,9 +541,10 @@ def _true_positions(mask: torch.Tensor, size: int) -> torch.Tensor:
     return out[:size]
 
 
-def _row_set_mask(index: torch.Tensor, count: torch.Tensor, n: int) -> torch.Tensor:
-    """bool ``[n]``: the rows named by the first ``count`` slots of ``index`` (no host read)."""
-    slots = torch.arange(index.shape[0], device=index.device)
+def _row_set_mask(index: torch.Tensor, count: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """bool ``[n]``: the rows named by the first ``count`` slots of ``index`` (``slots`` is
+    ``arange(n)``, ``index`` of capacity ``n``; no host read)."""
+    n = slots.shape[0]
     target = torch.where(slots < count, index, n)
     return torch.zeros(n + 1, dtype=torch.bool, device=index.device).index_fill_(0, target, True)[:n]
 
@@ -544,8 +558,9 @@ class SparseLayer:
         self.policy, self.run, self.plan, self.layer = policy, run, plan, layer
         self.kv_index, self.kv_count = plan.gate, plan.gate_count
         self._context_before: torch.Tensor | None = None
-        self._exact: torch.Tensor | None = None
+        self._gate_mask: torch.Tensor | None = None  # bool [num_queries]: the gating rows
         self._salient: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._salient_mask: torch.Tensor | None = None
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         policy, plan, i = self.policy, self.plan, self.layer
@@ -566,22 +581,21 @@ class SparseLayer:
         contexts = policy.contexts[i].view(-1, policy.contexts[i].shape[-1])
         self._context_before = contexts.index_select(0, maps.query_cache)  # [Tq, H*d]
         heads, d = q.shape[1], q.shape[2]
-        if policy.config.approx_attention:
-            exact = _row_set_mask(gate, count, num_q)
+        self._gate_mask = _row_set_mask(gate, count, maps.slots)
+        if policy.config.approx_attention:  # the gating rows' queries get exact attention
             key_rows = maps.query_key.index_select(0, gate).to(torch.int32)
             cached = self._context_before.view(num_q, heads, d)
             ctx = partial_attention(q, keys, values, cached, dv, maps.cu_q, maps.cu_k, maps.max_q, maps.max_k,
-                                    exact, key_rows, count, k_old=k_old)
+                                    self._gate_mask, key_rows, count, k_old=k_old)
         else:
-            exact = torch.ones(num_q, dtype=torch.bool, device=q.device)
             ctx = varlen_attention(q, keys, values, maps.cu_q, maps.cu_k, maps.max_q, maps.max_k)
-        self._exact = exact
         return ctx
 
     def ffn_index(self, ctx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         policy, plan, i = self.policy, self.plan, self.layer
-        index, count, _ = cosine_saliency(ctx, self._context_before, policy.tau)
+        index, count, similarity = cosine_saliency(ctx, self._context_before, policy.tau)
         self._salient = (index.clamp(min=0).long(), count)  # slots past the count: row 0, never live
+        self._salient_mask = (similarity < policy.tau) | similarity.isnan()  # the rows the index names
         policy.contexts[i].view(-1, policy.contexts[i].shape[-1]).index_copy_(0, plan.maps.query_cache, ctx)
         return self._salient
 
@@ -591,6 +605,6 @@ class SparseLayer:
         ffn_cache = policy.ffn_outputs[i].view(-1, policy.ffn_outputs[i].shape[-1])
         salient, count = self._salient
         scatter_rows(ffn_cache, maps.query_cache.index_select(0, salient), count, out)
-        policy.account(plan, i, plan.gate, plan.gate_count, salient, count, self._exact)
+        policy.account(plan, i, self._gate_mask, self._salient_mask)
         plan.gate, plan.gate_count = salient, count  # the salient set gates the next layer
         return ffn_cache.index_select(0, maps.query_cache)

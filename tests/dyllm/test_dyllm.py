@@ -341,28 +341,37 @@ def test_the_three_attention_modes(kind):
 
 
 def test_the_key_correction_is_counted_in_the_ideal_flops():
-    """Per approximated (row, salient key) pair: one P[:, A] dV product (the paper), three with the
-    key correction (scores against the old keys, one more P[:, A] product); the rest is equal."""
+    """The per-layer MACs equal the direct count: Q for every row, K/V for the gating ones, QK^T over
+    every (query, key) pair, P @ V over every key for the exact rows and over the gating keys for
+    the others (three products per pair with the key correction: scores against the old keys, one
+    more P[:, A] product), the FFN for the salient rows. So the correction adds exactly
+    2 * (nq - a) * a * Hd."""
     from types import SimpleNamespace
 
-    fw = SparseForward(rows=[0], index=torch.tensor([0]), step=5, mode="response")
-    fw.maps = SimpleNamespace(query_row=torch.zeros(6, dtype=torch.long), num_queries=6, slots=torch.arange(6),
-                              queries_per_request=torch.tensor([6.0], dtype=torch.float64),
-                              keys_per_request=torch.tensor([10.0], dtype=torch.float64))
-    # row sets of capacity 6: the gating set {1, 4}, the salient set {4} (slots past the count: row 0)
-    gate, sal = torch.tensor([1, 4, 0, 0, 0, 0]), torch.tensor([4, 0, 0, 0, 0, 0])
-    exact = torch.zeros(6, dtype=torch.bool)
-    exact[torch.tensor([1, 4])] = True
+    nq, nk, a, b = 6, 10, 2, 1  # one request: 6 fed rows, 10 keys, gating {1, 4}, salient {4}
+    gate_mask = torch.zeros(nq, dtype=torch.bool)
+    gate_mask[torch.tensor([1, 4])] = True
+    salient_mask = torch.zeros(nq, dtype=torch.bool)
+    salient_mask[4] = True
     dims = {"D": 8, "Hd": 8, "Hkd": 8, "I": 16}
     macs = {}
-    for mode in ("partial", "paper"):
-        fw.layer_stats = torch.zeros(1, 5, dtype=torch.float64)
+    for mode in ("partial", "paper", "exact"):
         policy = DyLLMPolicy(DyLLMConfig(**ATTENTION_MODES[mode]))
         policy.dims = dims
-        policy.account(fw, 0, gate, torch.tensor([2]), sal, torch.tensor([1]), exact)
+        fw = SparseForward(rows=[0], index=torch.tensor([0]), step=5, mode="response")
+        fw.layer_stats = torch.zeros(1, 5, dtype=torch.float64)
+        fw.maps = SimpleNamespace(query_row=torch.zeros(nq, dtype=torch.long), num_queries=nq,
+                                  macs_weights=policy.macs_weights([nq], [nk], lambda v, dt: torch.tensor(v, dtype=dt)))
+        policy.account(fw, 0, gate_mask, salient_mask)
         gating, salient, union, n_exact, macs[mode] = fw.layer_stats[0].tolist()
-        assert (gating, salient, union, n_exact) == (2, 1, 2, 2)
-    assert macs["partial"] - macs["paper"] == 2 * (6 - 2) * 2 * dims["Hd"]
+        exact = nq if mode == "exact" else a
+        cost = 3 if mode == "partial" else 1
+        d, hd = dims["D"], dims["Hd"]
+        want = (nq * 2 * d * hd + a * 2 * d * dims["Hkd"] + b * 3 * d * dims["I"] + nq * nk * hd
+                + (exact * nk + (nq - exact) * a * cost) * hd)
+        assert (gating, salient, union, n_exact) == (a, b, 2, exact)
+        assert macs[mode] == want, mode
+    assert macs["partial"] - macs["paper"] == 2 * (nq - a) * a * dims["Hd"]
 
 
 # ------------------------------------------------------------------------------------ response-only steps
