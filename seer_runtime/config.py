@@ -18,6 +18,7 @@ from .schedules import SCHEDULES
 
 LLADA_REMASKING = ("low_confidence", "random", "margin", "entropy")
 DREAM_ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
+BLOCK_CACHES = (None, "prefix", "dual")
 
 #: the key a stored config may carry beside its fields (measurements, not settings)
 CALIBRATION_KEY = "calibration"
@@ -153,6 +154,17 @@ class GenerationConfig(StoredConfig):
                   ``seed + index`` (a request gets the same draws alone or in any batch).
     seed:         with rng="per_request" the base seed (default 0); with "global", when set,
                   ``torch.manual_seed(seed)`` is called first.
+    threshold:    None (a fixed count per step, from ``steps``) or a confidence in (0, 1]: every
+                  step commits each masked position of the request's current block whose
+                  confidence reaches it, and at least the most confident one (Fast-dLLM's
+                  parallel decoding); a block ends when no mask is left in it, so the number of
+                  steps follows the model (``steps`` is not used). Dream family: ``alg`` must be
+                  "maskgit_plus" (the confidence is the chosen token's probability).
+    block_cache:  None, "prefix" or "dual" (Fast-dLLM's block caches): a block's first step runs
+                  the whole sequence and keeps every position's keys/values; its later steps feed
+                  the block and what follows it ("prefix": the keys/values before the block are
+                  reused) or the block alone ("dual": those after it too). An approximation, as
+                  in Fast-dLLM (the cached keys/values are those of the block's first step).
     """
 
     gen_length: int = 128
@@ -175,6 +187,8 @@ class GenerationConfig(StoredConfig):
     tie_break: str = "reference"
     rng: str = "global"
     seed: int | None = None
+    threshold: float | None = None
+    block_cache: str | None = None
 
     def __post_init__(self) -> None:
         check_int("gen_length", self.gen_length, minimum=1)
@@ -214,6 +228,14 @@ class GenerationConfig(StoredConfig):
             check_int("seed", self.seed, minimum=0, maximum=MAX_SEED)
         check(not (self.cfg_scale > 0 and self.prefix_cache),
               "cfg_scale > 0 needs the full prompt every step: it cannot be combined with prefix_cache=True")
+        if self.threshold is not None:
+            check_real("threshold", self.threshold, minimum=0, maximum=1, open_minimum=True)
+            check(self.schedule is None and self.step_ratio is None,
+                  "threshold decides how many tokens each step commits: it cannot be combined with schedule or "
+                  "step_ratio (which set the counts)")
+        check(self.block_cache in BLOCK_CACHES, f"block_cache must be one of {BLOCK_CACHES}, got {self.block_cache!r}")
+        check(not (self.block_cache is not None and self.cfg_scale > 0),
+              "block_cache with cfg_scale > 0: the unconditional copy would need caches of its own (not supported)")
 
     @property
     def block(self) -> int:

@@ -21,6 +21,7 @@ a prefix-LM mask and an approximation otherwise; without it every step recompute
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -28,10 +29,10 @@ import torch
 
 from .adapter import PackedLayout, PaddedLayout, PrefixKV, Taps
 from .config import GenerationConfig
-from .plans import DecodingRules, StepPlan, dream_plan, llada_plan
+from .plans import DecodingRules, StepPlan, dream_plan, llada_plan, threshold_step
 from .policy import DecodePolicy
 from .profiling import prange
-from .sampling import NEG_INF, RandomSource, dream_sample_tokens, llada_step, select_topk
+from .sampling import NEG_INF, RandomSource, dream_sample_tokens, llada_step, select_topk, threshold_picks
 from .schedules import dream_count
 from .step_graphs import ForwardGraphs, resolve_backend
 from .window import WindowState
@@ -214,7 +215,9 @@ class DecodeRun:
         self.first_masked = 0
         self._device_tensors: dict[tuple, torch.Tensor] = {}
         self._prefix_rows: tuple[tuple, PrefixKV] | None = None
-        self._masks_read: tuple[list[int], torch.Tensor] | None = None
+        # masks left after a step, read at its end: (rows, counts) of the window (Dream) or
+        # (rows, counts, block starts) of the blocks a threshold step worked in
+        self._masks_read: tuple | None = None
         self.graphs = ForwardGraphs(resolve_backend(graphs, self.device))
         self._charges: dict[tuple, tuple[int, int, list[int]]] = {}  # per graph key: what a forward charges
         self.step_values: dict[str, list[int]] = {}
@@ -225,6 +228,8 @@ class DecodeRun:
         if gen.cfg_scale > 0:
             self.mask_embed = model.embed(torch.tensor([self.token_ids.mask], device=self.device))[0]
         self.plans = [self.make_plan(b, self.width) for b in range(self.batch_size)]
+        # the reference's top-1 among equal confidences needs how many positions it ranked
+        self._threshold_needs_candidates = gen.threshold is not None and gen.tie_break == "reference"
 
     # -- set-up -------------------------------------------------------------------------------
     def _prefill(self) -> None:
@@ -246,12 +251,36 @@ class DecodeRun:
         self.stats.add_time("prefill", time.perf_counter() - t0)
 
     def make_plan(self, b: int, window: int, *, start: int = 0) -> StepPlan:
-        """A fresh plan for the masks of request ``b`` in window positions ``[start, window)``."""
+        """A fresh plan for the masks of request ``b`` in window positions ``[start, window)``.
+        With a threshold the plan is one step at a time: the first block holding a mask
+        (:meth:`next_block`), planned again after every step (:meth:`replan_by_threshold`)."""
+        if self.gen.threshold is not None:
+            block = self.next_block(b, start, window)
+            return StepPlan() if block is None else threshold_step(*block)
         if self.rules.family == "llada":
             return llada_plan(window, self.gen, start=start, first_mask=self.first_masked)
         masks = self.window.masks.left(b, start, window)
         return dream_plan(window, self.gen, self.rules, masks=masks, start=start,
                           positions=window if start == 0 else window - start)
+
+    def next_block(self, b: int, start: int = 0, stop: int | None = None) -> tuple[int, int] | None:
+        """``(start, end)`` of the first block of request ``b``'s live window (from ``start``) that
+        still holds a mask, on the block grid (Dream: the whole window); None when none does."""
+        stop = self.window[b] if stop is None else stop
+        block = self.gen.block
+        for grid_start in range(start - start % block, stop, block):
+            lo, hi = max(grid_start, start), min(grid_start + block, stop)
+            if lo < hi and self.window.masks.left(b, grid_start, hi):
+                return lo, hi
+        return None
+
+    def replan_by_threshold(self, step: int) -> None:
+        """Threshold decoding: after ``step``, each request's next step works in the first block of
+        its window that still holds a mask (none: the request is done)."""
+        for b in range(self.batch_size):
+            head = self.plans[b].keep_first(step + 1)
+            block = self.next_block(b)
+            self.plans[b] = head if block is None else head.then(threshold_step(*block))
 
     def prefix_rows(self, rows: list[int]) -> PrefixKV:
         """The prompt cache of ``rows``: the whole cache for every request, else a copy of their
@@ -312,8 +341,10 @@ class DecodeRun:
             return False
         fwd = self.plan_padded(rows, step)
         plans = [self.plans[r] for r in rows]
-        counts, ends = tuple(p.counts[step] for p in plans), tuple(p.block_ends[step] for p in plans)
-        key = self.forward_key(fwd, "padded+sampled", counts, ends)
+        counts = tuple(p.counts[step] for p in plans)
+        blocks = tuple((p.block_starts[step], p.block_ends[step]) for p in plans)
+        candidates = self._block_candidates(rows, step) if self._threshold_needs_candidates else None
+        key = self.forward_key(fwd, "padded+sampled", counts, blocks, None if candidates is None else tuple(candidates))
         if key is None:
             logits = self.run_keyed(None, rows, lambda: self.compute_padded(fwd))
             self.sample(rows, self.finish_forward(fwd, logits), step)
@@ -324,10 +355,10 @@ class DecodeRun:
             return self._choose_llada(rows, logits, step)
 
         with prange("forward"):
-            self.run_keyed(key, rows, compute)
+            chosen = self.run_keyed(key, rows, compute)
         for p in self.policies:  # a forward with a graph key leaves its logits to the engine (DecodePolicy)
             p.after_forward(self, fwd)
-        self._count_llada_commits(rows, step)
+        self._count_llada_commits(rows, step, chosen)
         return True
 
     def finish_forward(self, fwd: Forward, logits: torch.Tensor) -> torch.Tensor:
@@ -524,15 +555,26 @@ class DecodeRun:
             self._sample_dream(rows, logits, step)
 
     def _sample_llada(self, rows, logits, step) -> None:
-        self._choose_llada(rows, logits, step)
-        self._count_llada_commits(rows, step)
+        self._count_llada_commits(rows, step, self._choose_llada(rows, logits, step))
 
-    def _count_llada_commits(self, rows: list[int], step: int) -> None:
-        for r in rows:  # a step commits its count, or every mask its block has left
-            self.window.masks.commit(r, self.plans[r].block_starts[step], self.plans[r].counts[step])
+    def _block_candidates(self, rows: list[int], step: int) -> list[int]:
+        """Masked positions left in each row's current block (host counts)."""
+        return [self.window.masks.left(r, self.plans[r].block_starts[step], self.plans[r].block_ends[step])
+                for r in rows]
+
+    def _count_llada_commits(self, rows: list[int], step: int, chosen: torch.Tensor) -> None:
+        """A fixed count commits its number, or every mask its block has left (known on the host);
+        with a threshold ``chosen`` is each row's masks left in its block, read at the step's end."""
+        if self.gen.threshold is None:
+            for r in rows:
+                self.window.masks.commit(r, self.plans[r].block_starts[step], self.plans[r].counts[step])
+            return
+        self._masks_read = (rows, chosen, [self.plans[r].block_starts[step] for r in rows])
+        self.window.masks.pending = True
 
     def _choose_llada(self, rows: list[int], logits: torch.Tensor, step: int) -> torch.Tensor:
-        """Commit this step's tokens into ``self.tokens`` (device work only); returns the new windows."""
+        """Commit this step's tokens into ``self.tokens`` (device work only). Returns the new
+        windows, or with a threshold each row's masks left in its block (int64 ``[R]``)."""
         g = self.gen
         width = logits.shape[1]
         masked = self.masked(rows, width)
@@ -540,14 +582,22 @@ class DecodeRun:
         block_end = self.device_tensor([self.plans[r].block_ends[step] for r in rows])
         counts = [self.plans[r].counts[step] for r in rows]
         pad, full_len = self.reference_layout(rows, width)
+        candidates = self._block_candidates(rows, step) if self._threshold_needs_candidates else None
+        block_start = (None if g.threshold is None
+                       else self.device_tensor([self.plans[r].block_starts[step] for r in rows]))
         new = llada_step(
-            logits, self.tokens[index, :width], masked, block_end, counts, rows=rows, temperature=g.temperature,
-            remasking=g.remasking, eos_id=self.token_ids.eos, eot_id=self.token_ids.eot,
-            logits_eos_inf=g.logits_eos_inf, confidence_eos_eot_inf=g.confidence_eos_eot_inf,
+            logits, self.tokens[index, :width], masked, block_end, None if g.threshold is not None else counts,
+            rows=rows, temperature=g.temperature, remasking=g.remasking, eos_id=self.token_ids.eos,
+            eot_id=self.token_ids.eot, logits_eos_inf=g.logits_eos_inf, confidence_eos_eot_inf=g.confidence_eos_eot_inf,
             softmax_fp64=self.rules.softmax_fp64, tie_break=g.tie_break, pad=pad, rand=self.rand, full_len=full_len,
+            threshold=g.threshold, candidates=candidates, block_start=block_start,
         )
         self.tokens[index, :width] = new
-        return new
+        if g.threshold is None:
+            return new
+        positions = torch.arange(width, device=self.device)
+        in_block = (positions[None, :] >= block_start[:, None]) & (positions[None, :] < block_end[:, None])
+        return ((new == self.token_ids.mask) & in_block).sum(dim=1)
 
     def _sample_dream(self, rows, logits, step) -> None:
         g = self.gen
@@ -584,6 +634,18 @@ class DecodeRun:
                 x0 = torch.where(transfer, tokens, x0)
             window[item_rows, item_pos] = x0
             self.tokens[index, :width] = window
+            self._count_masks(rows, window)
+            return
+        if g.threshold is not None:  # every masked position whose probability reaches it, at least one
+            conf, x0 = dream_sample_tokens(mask_logits, temperature=g.temperature, top_p=g.top_p, top_k=g.top_k,
+                                           confidence="prob", rand=self.rand, item_counts=per_row, row_ids=rows)
+            full_conf = torch.full(masked.shape, NEG_INF, dtype=logits.dtype, device=self.device)
+            full_conf[item_rows, item_pos] = conf.to(logits.dtype)
+            candidate = window.clone()
+            candidate[item_rows, item_pos] = x0
+            pad, _ = self.reference_layout(rows, width)
+            picks = threshold_picks(full_conf, g.threshold, tie_break=g.tie_break, pad=pad, candidates=per_row)
+            self.tokens[index, :width] = window = torch.where(picks, candidate, window)
             self._count_masks(rows, window)
             return
         kind = {"maskgit_plus": "prob", "topk_margin": "margin", "entropy": "neg_entropy"}[g.alg]
@@ -658,10 +720,33 @@ class DecodeRun:
                 wanted[name] = value
         self.step_values = dict(zip(wanted, read_to_host(list(wanted.values())))) if wanted else {}
         if self._masks_read is not None:
-            for r, n in zip(self._masks_read[0], self.step_values["masks_left"]):
-                self.window.masks.set_left(r, n)
+            rows, _, block_starts = (*self._masks_read, None)[:3]
+            masks = self.window.masks
+            for i, (r, n) in enumerate(zip(rows, self.step_values["masks_left"])):
+                if block_starts is None:  # Dream: the whole window
+                    before = masks.left(r)
+                    masks.set_left(r, n)
+                else:  # a threshold step: its block
+                    before = masks.left(r, block_starts[i], block_starts[i] + 1)
+                    masks.set_block_left(r, block_starts[i], n)
+                if self.gen.threshold is not None and n and n == before:
+                    self._end_stalled_block(r, None if block_starts is None else block_starts[i], n, step)
             self._masks_read = None
             self.window.masks.pending = False
+
+    def _end_stalled_block(self, b: int, block_start: int | None, left: int, step: int) -> None:
+        """A threshold step that left request ``b``'s block with as many masks as before: every
+        position it committed got the model's own mask token, so (greedy, no block cache) the
+        next forward would see the same tokens and choose the same; Fast-dLLM loops forever
+        there. The block (``block_start`` None: the whole window) ends instead, its masks are left
+        in the answer and a warning says so."""
+        where = "window" if block_start is None else f"block at position {block_start}"
+        warnings.warn(f"threshold decoding: request {b} committed only its mask token at step {step}; the {left} "
+                      f"masked position(s) left in its {where} stay masked in the answer", RuntimeWarning, stacklevel=3)
+        if block_start is None:
+            self.window.masks.set_left(b, 0)
+        else:
+            self.window.masks.set_block_left(b, block_start, 0)
 
     def _uniform_items(self, rows: list[int], per_row: list[int], starts: list[int]) -> torch.Tensor:
         """Dream origin's ``torch.rand`` over the flattened masked positions (row-major)."""
@@ -722,6 +807,9 @@ class DecodeRun:
                         self.steps_done[r] += 1
             self.read_step_values(step)
             more = [p.after_step(self, step) for p in self.policies]
+            if self.gen.threshold is not None:
+                self.replan_by_threshold(step)
+                more.append(any(p.steps > step + 1 for p in self.plans))
         return ran or any(more)
 
     def decode(self) -> None:

@@ -2,8 +2,9 @@
 one documented order, and runs the engine (``engine.DecodeRun``).
 
 Policy order (``compose_policies``): Seer (it cuts the windows every later hook reads), the
-PWR router (it runs each step's forwards), DyLLM (it chooses which rows a layer computes),
-then the caller's own policies in the order given.
+block cache of ``gen.block_cache`` (it runs each step's forwards), the PWR router (it runs each
+step's forwards), DyLLM (it chooses which rows a layer computes), then the caller's own
+policies in the order given.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 import torch
 
 from .adapter import REQUIRED
+from .block_cache import BlockCachePolicy
 from .config import GenerationConfig
 from .dyllm import DyLLMConfig, DyLLMPolicy
 from .engine import DecodeRun, GenerationOutput
@@ -79,7 +81,10 @@ def validate_request(model, input_ids, attention_mask, images, gen) -> None:
             raise ValueError(f"images must have one entry per request ({input_ids.shape[0]}), got {len(images)}")
     check_sequence_length(model, input_ids.shape[1], gen, images_counted=images is None)
     rules = DecodingRules.of(model)
-    warn_idle_steps(gen, rules)
+    if gen.threshold is not None:
+        check_threshold(gen, rules)
+    else:
+        warn_idle_steps(gen, rules)
     if rules.family == "dream":
         if gen.cfg_scale > 0:
             raise ValueError("cfg_scale: Dream's diffusion_generate has no classifier-free guidance")
@@ -107,6 +112,19 @@ def check_sequence_length(model, prompt_positions: int, gen: GenerationConfig, *
                      f"({limit}): shorten the prompt or gen_length")
 
 
+def check_threshold(gen: GenerationConfig, rules: DecodingRules) -> None:
+    """What threshold decoding needs of the family's options (``GenerationConfig.threshold``)."""
+    if rules.family == "dream" and (gen.alg != "maskgit_plus" or gen.alg_temp is not None):
+        raise ValueError("threshold compares the chosen token's probability: the Dream family needs "
+                         f"alg='maskgit_plus' and no alg_temp with it (got alg={gen.alg!r}, alg_temp={gen.alg_temp!r})")
+    if rules.family == "llada" and gen.remasking == "entropy":
+        raise ValueError("threshold compares a confidence in [0, 1]: remasking='entropy' gives negative "
+                         "confidences; use low_confidence, margin or random")
+    if gen.steps is not None:
+        warnings.warn(f"steps={gen.steps} is not used with threshold={gen.threshold}: each block runs until no "
+                      "mask is left in it", UserWarning, stacklevel=5)
+
+
 def warn_idle_steps(gen: GenerationConfig, rules: DecodingRules) -> None:
     """Warn (the reference generators accept it too) when more denoising steps are planned than
     window positions: the extra forwards commit no token."""
@@ -127,13 +145,16 @@ def warn_idle_steps(gen: GenerationConfig, rules: DecodingRules) -> None:
                       "generators do the same)", UserWarning, stacklevel=5)
 
 
-def compose_policies(*, seer=None, router=None, dyllm=None, policies: Sequence = (), graphs="auto") -> list:
+def compose_policies(*, seer=None, router=None, dyllm=None, policies: Sequence = (), graphs="auto",
+                     block_cache: str | None = None) -> list:
     """The policies of one ``generate`` call, in the documented order (module docstring)."""
     composed: list[DecodePolicy] = []
     if seer is not None:
         if not isinstance(seer, SeerConfig):
             raise TypeError(f"seer must be a SeerConfig, got {type(seer).__name__}")
         composed.append(SeerPolicy(seer))
+    if block_cache is not None:
+        composed.append(BlockCachePolicy(block_cache))
     if router is not None:
         if router is not True and not isinstance(router, RouterConfig):
             raise TypeError(f"router must be a RouterConfig or True, got {type(router).__name__}")
@@ -191,7 +212,8 @@ def generate(
     validate_request(model, input_ids, attention_mask, images, gen)
     if not isinstance(progress, bool):
         raise TypeError(f"progress must be a bool, got {type(progress).__name__}")
-    composed = compose_policies(seer=seer, router=router, dyllm=dyllm, policies=policies, graphs=graphs)
+    composed = compose_policies(seer=seer, router=router, dyllm=dyllm, policies=policies, graphs=graphs,
+                                block_cache=gen.block_cache)
     t0 = time.perf_counter()
     with prange("generate"):
         run = DecodeRun(model, input_ids, attention_mask, images, gen, policies=composed, progress=progress,

@@ -5,7 +5,9 @@
   changes, named by behaviour;
 * :class:`StepPlan` - one request's schedule, one entry per step (Seer cuts and extends it);
 * :func:`llada_plan` - semi-autoregressive blocks, steps spread evenly over them;
-* :func:`dream_plan` - Dream's one global schedule ``linspace(1, eps, steps + 1)``.
+* :func:`dream_plan` - Dream's one global schedule ``linspace(1, eps, steps + 1)``;
+* :func:`threshold_step` - threshold decoding's plan, one step at a time (the engine plans the
+  next one from the masks each block has left).
 
 Counts come from ``schedules`` (LLaDA's even split, LaViDa's noise schedules, Dream's rule).
 A window shorter than ``gen_length`` (Seer's cut) keeps the configured tokens-per-step rate.
@@ -153,3 +155,9 @@ def dream_plan(window: int, gen: GenerationConfig, rules: DecodingRules, *, mask
         counts = [None] * steps
     ts = [(timesteps[i], timesteps[i + 1]) for i in range(steps)]
     return StepPlan([start] * steps, [window] * steps, counts, ts, [i == steps - 1 for i in range(steps)])
+
+
+def threshold_step(start: int, end: int) -> StepPlan:
+    """One step of threshold decoding in the block ``[start, end)``: how many tokens it commits
+    is decided by their confidences (``GenerationConfig.threshold``), not by the plan."""
+    return StepPlan([start], [end], [None], [None], [False])

@@ -85,6 +85,28 @@ def select_topk(conf: torch.Tensor, k: int, *, tie_break: str, pad: int = 0) -> 
     return torch.topk(conf, k).indices - pad
 
 
+def threshold_picks(conf: torch.Tensor, threshold: float, *, tie_break: str, pad: int = 0,
+                    candidates: list[int] | None = None) -> torch.Tensor:
+    """Fast-dLLM's parallel commit rule: bool ``[R, W]``, every position whose confidence reaches
+    ``threshold`` and, in each row with a candidate, its most confident one (so every step commits
+    at least one token). ``conf [R, W]`` is -inf where a position is no candidate (not masked, or
+    outside the current block). The most confident position among equals: the leftmost with
+    ``tie_break="stable"``; with "reference", ``torch.topk`` over the reference's own vector
+    (``pad`` -inf entries in front, ``candidates[r]`` positions asked for, as Fast-dLLM's
+    ``get_transfer_index`` asks for every masked position of the block)."""
+    picks = conf >= threshold
+    if tie_break == "stable":
+        first = conf.argmax(dim=1, keepdim=True)  # the leftmost maximum
+        has_candidate = (conf.amax(dim=1, keepdim=True) > NEG_INF) | picks.gather(1, first)
+        return picks.scatter(1, first, has_candidate)
+    if candidates is None or len(candidates) != conf.shape[0]:
+        raise ValueError("candidates: one count of candidate positions per row is needed with tie_break='reference'")
+    for r, k in enumerate(candidates):
+        if k > 0:
+            picks[r, select_topk(conf[r], int(k), tie_break="reference", pad=pad)[0]] = True
+    return picks
+
+
 # ------------------------------------------------------------------------------ LLaDA family
 def add_gumbel_noise(logits: torch.Tensor, temperature: float, uniform: torch.Tensor) -> torch.Tensor:
     """LLaDA's Gumbel-max in float64: exp(logits) / (-log u)^T (argmax == argmax of logits + T*Gumbel)."""
@@ -97,7 +119,7 @@ def llada_step(
     window: torch.Tensor,
     masked: torch.Tensor,
     block_end: torch.Tensor,
-    counts: list[int],
+    counts: list[int] | None,
     *,
     rows: list[int],
     temperature: float,
@@ -111,12 +133,21 @@ def llada_step(
     pad: int,
     rand: RandomSource,
     full_len: int | None,
+    threshold: float | None = None,
+    candidates: list[int] | None = None,
+    block_start: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Commit ``counts[r]`` tokens in each row; returns the updated window ``[R, W]``.
+    """Commit ``counts[r]`` tokens in each row, or with ``threshold`` (``counts`` None) every
+    position of the block whose confidence reaches it and at least the most confident one
+    (:func:`threshold_picks`; ``candidates[r]``: masked positions left in row r's block); returns
+    the updated window ``[R, W]``.
 
     logits [R, W, V] (after guidance); window [R, W] current tokens; masked [R, W] bool (masked
     and inside the row's window); block_end [R]: positions >= block_end are outside the current
     block. ``pad``/``full_len`` describe the reference's layout (prompt positions in front).
+    block_start [R] (threshold only): positions before it are no candidates either (none is
+    masked unless an earlier block ended with the model's own mask token committed there, which
+    then stays, rather than being decoded again inside a later block).
     """
     logits = logits.clone()
     if logits_eos_inf:
@@ -148,9 +179,15 @@ def llada_step(
     else:
         raise ValueError(f"remasking {remasking!r} is not an LLaDA-family strategy")
     positions = torch.arange(window.shape[1], device=window.device)
-    conf = conf.masked_fill(positions[None, :] >= block_end[:, None], NEG_INF)
+    outside = positions[None, :] >= block_end[:, None]
+    if block_start is not None:
+        outside |= positions[None, :] < block_start[:, None]
+    conf = conf.masked_fill(outside, NEG_INF)
     conf = torch.where(masked, conf, torch.full_like(conf, NEG_INF))
     x0 = torch.where(masked, x0, window)
+    if threshold is not None:
+        return torch.where(threshold_picks(conf, threshold, tie_break=tie_break, pad=pad, candidates=candidates),
+                           x0, window)
     out = window.clone()
     for r, k in enumerate(counts):
         idx = select_topk(conf[r], int(k), tie_break=tie_break, pad=pad)

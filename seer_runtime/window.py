@@ -123,6 +123,11 @@ class MaskCounts:
             raise ValueError("set_left counts a whole window; this one has several blocks")
         self._counts[b][0] = int(n)
 
+    def set_block_left(self, b: int, block_start: int, n: int) -> None:
+        """Request ``b`` has ``n`` masks left in the block starting at ``block_start``, as counted
+        on the device (a threshold step commits a number the host cannot know)."""
+        self._counts[b][block_start // self.block] = int(n)
+
     def resize(self, b: int, old: int, new: int) -> None:
         """Request ``b``'s window went from ``old`` to ``new`` live positions."""
         lo, hi, sign = (new, old, -1) if new < old else (old, new, 1)

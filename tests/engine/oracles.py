@@ -125,3 +125,109 @@ def dream_reference(logits_fn, prompt, *, mask_id, gen_length, steps, eps=1e-3, 
             rows = torch.arange(x.shape[0])[:, None].expand_as(pick)
             x[rows, pick] = cand[rows, pick]
     return x
+
+
+def _commit_fast_dllm(conf, x0, x, mask_index, threshold, counts):
+    """Fast-dLLM's ``get_transfer_index`` after the confidences: top-k of each row's candidates,
+    then (with a threshold, k = every candidate) the ones below it dropped but the first."""
+    conf = torch.where(mask_index, conf, torch.tensor(-torch.inf, dtype=conf.dtype))
+    x0 = torch.where(mask_index, x0, x)
+    for r in range(x.shape[0]):
+        k = int(mask_index[r].sum()) if threshold is not None else int(counts[r])
+        if k == 0:
+            continue
+        values, sel = torch.topk(conf[r], k=k)
+        keep = torch.ones(k, dtype=torch.bool)
+        if threshold is not None:
+            keep[1:] = values[1:] >= threshold
+        x[r, sel[keep]] = x0[r, sel[keep]]
+
+
+def fast_dllm_reference(model, prompt, *, mask_id, gen_length, steps, block_length, threshold=None, cache=None):
+    """Fast-dLLM's ``generate`` / ``generate_with_prefix_cache`` / ``generate_with_dual_cache``
+    (NVlabs/Fast-dLLM llada/generate.py), greedy, low-confidence remasking, one request at a time
+    (``prompt [1, Lp]``), restated with the model's pieces: a block's first forward runs the whole
+    sequence (and keeps every layer's rotated keys/values); with ``cache`` its later forwards
+    feed ``x[:, block_start:]`` ("prefix") or the block ("dual") against the kept keys/values of
+    the other positions. A block ends when it holds no mask; unlike Fast-dLLM's cached loops, no
+    forward runs once the block is full (that forward would commit nothing). Returns
+    ``(x, forwards)``."""
+    from seer_runtime.adapter import PaddedLayout, PrefixKV, Taps
+
+    lp = prompt.shape[1]
+    x = torch.full((1, lp + gen_length), mask_id, dtype=torch.long)
+    x[:, :lp] = prompt
+    positions = torch.arange(lp + gen_length)[None]
+
+    def run(fed_lo, fed_hi, kept=None, keep=False):
+        hidden = model.embed(x[:, fed_lo:fed_hi])
+        layout = PaddedLayout(positions[:, fed_lo:fed_hi], None)
+        rope = model.rope(layout.positions)
+        prefix = None
+        if kept is not None:
+            kv_kept, index = kept
+            prefix = PrefixKV([k[:, index].transpose(1, 2) for k, _ in kv_kept],
+                              [v[:, index].transpose(1, 2) for _, v in kv_kept], None, len(index))
+        kv = []
+        for i in range(model.num_layers):
+            taps = Taps(keep_kv=keep)
+            hidden = model.layer(i, hidden, layout, rope=rope, prefix=prefix, taps=taps if keep else None)
+            if keep:
+                kv.append(taps.kv)
+        return model.head(hidden), kv
+
+    blocks = gen_length // block_length
+    spb = steps // blocks
+    forwards = 0
+    for blk in range(blocks):
+        lo, hi = lp + blk * block_length, lp + (blk + 1) * block_length
+        n = int((x[:, lo:hi] == mask_id).sum())
+        plan = [n // spb + (i < n % spb) for i in range(spb)]
+        kv = None
+        i = 0
+        # a block ends when it holds no mask, after its planned steps (the fixed rule: Fast-dLLM
+        # would run out of its schedule where the model chose its own mask token), or with a
+        # threshold after a forward that changed no token (Fast-dLLM would loop forever there)
+        stalled = False
+        while bool((x[:, lo:hi] == mask_id).any()) and (i < spb if threshold is None else not stalled):
+            before = x.clone()
+            if cache is None or kv is None:
+                logits, kv_new = run(0, lp + gen_length, keep=cache is not None)
+                kv = kv_new if cache is not None else None
+                fed_lo = 0
+            else:
+                fed_lo, fed_hi = (lo, lp + gen_length) if cache == "prefix" else (lo, hi)
+                kept = [p for p in range(lp + gen_length) if not fed_lo <= p < fed_hi]
+                logits, _ = run(fed_lo, fed_hi, kept=(kv, torch.tensor(kept)))
+            forwards += 1
+            full = torch.zeros(1, lp + gen_length, logits.shape[-1])
+            full[:, fed_lo: fed_lo + logits.shape[1]] = logits
+            mask_index = x == mask_id
+            mask_index[:, hi:] = False
+            if threshold is not None:  # a stalled block's masks stay (only there can one be left)
+                mask_index[:, :lo] = False
+            x0 = full.argmax(-1)
+            conf = F.softmax(full.to(torch.float64), dim=-1).gather(-1, x0[..., None])[..., 0]
+            _commit_fast_dllm(conf, x0, x, mask_index, threshold, [plan[i]] if i < len(plan) else [0])
+            stalled = torch.equal(before, x)
+            i += 1
+    return x, forwards
+
+
+def dream_threshold_reference(logits_fn, prompt, *, mask_id, gen_length, threshold):
+    """Threshold decoding of the Dream family over one block, the whole window: every masked
+    position whose probability (the argmax's) reaches ``threshold``, and at least the most
+    probable one, until no mask is left or a forward changed no token. Returns ``(x, forwards)``."""
+    x = F.pad(prompt, (0, gen_length), value=mask_id)
+    forwards = 0
+    stalled = False  # a forward that changed no token ends it (as the engine does; Fast-dLLM loops)
+    while bool((x == mask_id).any()) and not stalled:
+        before = x.clone()
+        raw = logits_fn(x)
+        forwards += 1
+        logits = torch.cat([raw[:, :1], raw[:, :-1]], dim=1)
+        mask_index = x == mask_id
+        conf, x0 = torch.softmax(logits, -1).max(-1)
+        _commit_fast_dllm(conf, x0, x, mask_index, threshold, None)
+        stalled = torch.equal(before, x)
+    return x, forwards

@@ -1,7 +1,8 @@
 """The tiny workloads the sync audit and the graph-replay tests decode: every family, a left-padded
 batch of four (images for LaViDa), and every mode the engine composes (baseline, each Seer probe,
 DyLLM's attention modes, Seer+DyLLM, the router's static / packed paths after a fixed cut, with
-and without the prefix cache, Seer+router+DyLLM, CFG)."""
+and without the prefix cache, Seer+router+DyLLM, CFG, confidence thresholds alone and with Seer,
+DyLLM and the block caches)."""
 
 from __future__ import annotations
 
@@ -48,6 +49,16 @@ def modes(model):
         "seer+router+dyllm": (gen, {"seer": SeerConfig(**seer), "router": router,
                                     "dyllm": DyLLMConfig(tau=0.999, full_steps=2)}),
     }
+    # confidence-threshold parallel decoding (a step's commits decided on the device) and its
+    # compositions; Fast-dLLM's block caches for the LLaDA family
+    fast = gen.replace(threshold=0.3, steps=None, alg="maskgit_plus" if model.family == "dream" else "origin")
+    out["threshold"] = (fast, {})
+    out["threshold+seer"] = (fast, {"seer": SeerConfig(**seer)})
+    out["threshold+dyllm"] = (fast, {"dyllm": DyLLMConfig(tau=0.999, full_steps=2)})
+    if model.family == "llada":
+        out["threshold+block_cache:prefix"] = (fast.replace(block_cache="prefix"), {})
+        out["threshold+block_cache:dual"] = (fast.replace(block_cache="dual"), {"seer": SeerConfig(**seer)})
+        out["block_cache:dual"] = (gen.replace(block_cache="dual"), {})
     if model.family == "llada" and not model.is_multimodal:
         out["cfg"] = (gen.replace(cfg_scale=1.0), {})
         out["cfg+seer"] = (gen.replace(cfg_scale=1.0), {"seer": SeerConfig(**seer)})
