@@ -127,12 +127,20 @@ def decode_rows(kind: str, s: Setting, rows: list[dict]) -> None:
         "seer (oracle L*)": ({}, {"cut": True}),
         "seer (oracle L*) + dyllm": ({"dyllm": DyLLMConfig.for_model(model)}, {"cut": True}),
     }
+    if kind == "llada":  # random weights: a threshold every position passes fills a block per forward
+        modes["threshold (a block per forward)"] = ({}, {"gen": {"threshold": 1e-6, "steps": None}})
+        modes["seer (oracle L*) + threshold"] = ({}, {"cut": True, "gen": {"threshold": 1e-6, "steps": None}})
+        modes["block cache: prefix"] = ({}, {"gen": {"block_cache": "prefix"}})
+        modes["block cache: dual"] = ({}, {"gen": {"block_cache": "dual"}})
     where = f"{kind} shapes, {model.num_layers} layers, batch {s.batch}, window {s.window}"
     base = None
     for label, (kw, opts) in modes.items():
         cut = opts.get("cut", False)
-        generate(model, ids, gen=short, policies=[OracleCut(warm_keep)] if cut else [], **kw)  # warm-up
-        out, t = _timed(s, generate, model, ids, gen=gen, policies=[OracleCut(keep)] if cut else [], **kw)
+        changes = opts.get("gen", {})
+        generate(model, ids, gen=short.replace(**changes), policies=[OracleCut(warm_keep)] if cut else [],
+                 **kw)  # warm-up
+        out, t = _timed(s, generate, model, ids, gen=gen.replace(**changes),
+                        policies=[OracleCut(keep)] if cut else [], **kw)
         stats = out.stats
         if base is None:
             base = (t, stats.tokens_computed)
@@ -140,7 +148,7 @@ def decode_rows(kind: str, s: Setting, rows: list[dict]) -> None:
             _emit(rows, row(f"{where}: {label}", 1e3 * t, note))
             continue
         ideal = 1.0
-        if cut:
+        if cut or changes:  # fewer positions per forward, or fewer forwards
             ideal *= base[1] / max(1, stats.tokens_computed)
         dy = stats.extra.get("dyllm")
         if dy and dy.get("ideal_flop_ratio"):
@@ -149,7 +157,7 @@ def decode_rows(kind: str, s: Setting, rows: list[dict]) -> None:
                 ideal = base[1] / max(1, dy["tokens_computed_dense"]) / dy["ideal_flop_ratio"]
         salient = f", salient {dy['salient_fraction']:.3f}" if dy and dy.get("salient_fraction") is not None else ""
         _emit(rows, row(f"{where}: {label}", 1e3 * t,
-                        f"measured x{base[0] / t:.2f} over the baseline, ideal x{ideal:.2f}{salient}"))
+                        f"measured x{base[0] / t:.2f} over the baseline, ideal x{ideal:.2f}{salient}, NFE {stats.nfe}"))
     del model
     if s.device == "cuda":
         torch.cuda.empty_cache()

@@ -22,6 +22,7 @@ _EXPORTS = {
     "SeerConfig": "seer",
     "DyLLMConfig": "dyllm",
     "RouterConfig": "serving.router",
+    "NonFiniteError": "finite_check",
 }
 
 __all__ = sorted(_EXPORTS)

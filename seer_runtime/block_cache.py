@@ -198,7 +198,7 @@ class BlockCachePolicy(DecodePolicy):
         def compute() -> torch.Tensor:
             fwd.hidden = run.model.embed(run.tokens[index].gather(1, layout.fed))
             run.run_forward(fwd)
-            return run.model.head(fwd.hidden)
+            return run.check_logits(run.model.head(fwd.hidden))
 
         key = run.forward_key(fwd, "block_cache", self.mode, tuple(layout.spans))
         span_logits = run.finish_forward(fwd, run.run_keyed(key, rows, compute))

@@ -165,6 +165,9 @@ class GenerationConfig(StoredConfig):
                   the block and what follows it ("prefix": the keys/values before the block are
                   reused) or the block alone ("dual": those after it too). An approximation, as
                   in Fast-dLLM (the cached keys/values are those of the block's first step).
+    check_finite: watch every layer's output and the logits for NaN / inf on the device and
+                  raise ``NonFiniteError`` (naming the step and layer) at the end of the call
+                  (default True; one reduction per layer, one host read per call).
     """
 
     gen_length: int = 128
@@ -189,6 +192,7 @@ class GenerationConfig(StoredConfig):
     seed: int | None = None
     threshold: float | None = None
     block_cache: str | None = None
+    check_finite: bool = True
 
     def __post_init__(self) -> None:
         check_int("gen_length", self.gen_length, minimum=1)
@@ -217,6 +221,7 @@ class GenerationConfig(StoredConfig):
         for name in ("logits_eos_inf", "confidence_eos_eot_inf"):
             check_bool(name, getattr(self, name))
         check_bool("prefix_cache", self.prefix_cache, optional=True)
+        check_bool("check_finite", self.check_finite)
         check(self.schedule is None or self.schedule in SCHEDULES,
               f"schedule must be None or one of {SCHEDULES}, got {self.schedule!r}")
         check_real("schedule_shift", self.schedule_shift, minimum=0, open_minimum=True)

@@ -518,6 +518,8 @@ class DyLLMPolicy(DecodePolicy):
             "tokens_computed": sum(r["tokens_computed"] for r in recs),
             "tokens_computed_dense": sum(r["tokens_dense"] for r in recs),
             "ideal_flop_ratio": (sum(r["macs"] for r in recs) / dense_macs) if dense_macs else None,
+            "macs": sum(r["macs"] for r in recs),
+            "dense_macs": dense_macs,
             "steps": recs,
         }
 

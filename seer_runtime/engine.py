@@ -29,6 +29,7 @@ import torch
 
 from .adapter import PackedLayout, PaddedLayout, PrefixKV, Taps
 from .config import GenerationConfig
+from .finite_check import FiniteCheck
 from .plans import DecodingRules, StepPlan, dream_plan, llada_plan, threshold_step
 from .policy import DecodePolicy
 from .profiling import prange
@@ -230,6 +231,7 @@ class DecodeRun:
         self.plans = [self.make_plan(b, self.width) for b in range(self.batch_size)]
         # the reference's top-1 among equal confidences needs how many positions it ranked
         self._threshold_needs_candidates = gen.threshold is not None and gen.tie_break == "reference"
+        self.finite = FiniteCheck(model.num_layers, self.device) if gen.check_finite else None
 
     # -- set-up -------------------------------------------------------------------------------
     def _prefill(self) -> None:
@@ -329,7 +331,13 @@ class DecodeRun:
         """A planned padded forward's device work: layout, layers, window logits (guidance applied)."""
         self.lay_out(fwd)
         self.run_forward(fwd)
-        return self.combine_guidance(self.window_logits(fwd), fwd.cfg)
+        return self.combine_guidance(self.check_logits(self.window_logits(fwd)), fwd.cfg)
+
+    def check_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """``logits`` join the NaN/inf watch (``GenerationConfig.check_finite``); returned as they are."""
+        if self.finite is not None:
+            self.finite.logits(logits)
+        return logits
 
     def forward_and_sample(self, rows: list[int], step: int) -> bool:
         """The step's padded forward and its token choice as one graph unit, when the choice is
@@ -492,6 +500,8 @@ class DecodeRun:
                                          taps=taps if taps.requested else None)
                 for p in policies:
                     p.after_layer(self, fwd, i, taps)
+                if self.finite is not None:
+                    self.finite.layer(i, fwd.hidden)
 
     def narrow_forward(self, fwd: Forward, after_layer: int) -> None:
         """Re-lay a padded forward to its rows' current (shorter) windows after ``after_layer``
@@ -805,6 +815,8 @@ class DecodeRun:
                         self.stats.add_time("sample", time.perf_counter() - t1)
                     for r in rows:
                         self.steps_done[r] += 1
+                    if self.finite is not None:
+                        self.finite.end_step(step)
             self.read_step_values(step)
             more = [p.after_step(self, step) for p in self.policies]
             if self.gen.threshold is not None:

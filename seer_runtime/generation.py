@@ -225,6 +225,8 @@ def generate(
                 p.on_request(run)
             run.decode()
             out = run.output()
+            if run.finite is not None:  # the NaN/inf watch's one read (GenerationConfig.check_finite)
+                run.finite.raise_if_found(out)
         finally:
             run.release()  # graphs and caches go with the call (not at Python's next cyclic collection)
     out.stats.add_time("total", time.perf_counter() - t0)

@@ -1,19 +1,24 @@
 """``seer demo`` (what ``make demo`` runs): baseline vs Seer on the embedded DMLLM, batched.
 
 On held-out requests to the embedded LaViDa-LLaDA model, every batch is decoded by the
-baseline and by Seer with each probe (the sparsity probe of the paper, the step-0 end
-probability, and both combined), interleaved batch by batch so that all see the same machine
-load. One table, the same figures as JSON with ``--json``, and a PNG of the step-0 sparsity
-profiles with the detected boundary and the true end (``--plot``).
+baseline, by Seer with each probe (the sparsity probe of the paper, the step-0 end
+probability, and both combined), by DyLLM (its calibrated config), by confidence-threshold
+parallel decoding (``GenerationConfig.threshold``, ``--threshold``) and by their compositions
+(Seer + threshold, Seer + threshold + DyLLM), interleaved batch by batch so that all see the
+same machine load. One table, the same figures as JSON with ``--json``, and a PNG of the
+step-0 sparsity profiles with the detected boundary and the true end (``--plot``).
 
 Figures (per configuration): ``tok_per_s`` (valid answer tokens per second of wall time),
 ``latency_s`` (mean request latency = its batch's wall time), ``nfe`` (forward passes per
 batch, mean), ``tokens_computed`` (positions x layers, summed), ``exact_match`` (answer ==
-reference), and for Seer: ``speedup`` (tok/s over the baseline's), ``ideal_speedup``
-(baseline over Seer tokens computed), ``boundary_mae`` (|predicted end - baseline's end|),
+reference); for every configuration but the baseline: ``speedup`` (tok/s over the
+baseline's), ``ideal_speedup`` (baseline over its tokens computed, times DyLLM's FLOP fraction
+``dyllm_flop_ratio`` where DyLLM runs), ``differs_from_baseline``
+(any answer difference); and for those with Seer: ``boundary_mae`` (|predicted end - baseline's end|),
 ``over_truncation_rate`` (the first cut fell before the baseline's end token), ``recovered``
 (of those, answers equal to the baseline's after the guard), ``lost_answers`` (over-truncated
-and not equal to the baseline's answer), ``differs_from_baseline`` (any answer difference).
+and not equal to the baseline's answer). JSON: the Seer probes under ``probes``, the other
+configurations under ``methods``.
 """
 
 from __future__ import annotations
@@ -45,15 +50,24 @@ def _figures(res: RunResult, requests, base: RunResult | None, window: int) -> d
         "exact_match": res.exact_match(requests),
         "wall_s": res.wall_s,
     }
-    if base is None or not res.seer:
+    if base is None:
+        return out
+    same = [a == b for a, b in zip(res.answers, base.answers)]
+    # DyLLM computes a fraction of each forward's FLOPs (its MACs over the dense forward's)
+    flop_ratio = 1.0
+    if res.dyllm:
+        dense = sum(d["dense_macs"] for d in res.dyllm)
+        flop_ratio = sum(d["macs"] for d in res.dyllm) / dense if dense else 1.0
+        out["dyllm_flop_ratio"] = flop_ratio
+    out.update(speedup=res.tok_per_s / base.tok_per_s if base.tok_per_s else 0.0,
+               ideal_speedup=base.tokens_computed / max(1e-9, res.tokens_computed * flop_ratio),
+               differs_from_baseline=sum(not s for s in same))
+    if not res.seer:
         return out
     true_end = [e if e >= 0 else window for e in base.end_positions]
     keep = res.seer["keep_len"]
     over = [k < min(t + 1, window) for k, t in zip(keep, true_end)]
-    same = [a == b for a, b in zip(res.answers, base.answers)]
     out.update(
-        speedup=res.tok_per_s / base.tok_per_s if base.tok_per_s else 0.0,
-        ideal_speedup=base.tokens_computed / max(1, res.tokens_computed),
         boundary_mae=boundary_mae(res.seer["boundary"], true_end, window),
         exact_boundary=sum((b if b is not None else window) == t for b, t in zip(res.seer["boundary"], true_end))
         / len(true_end),
@@ -63,23 +77,27 @@ def _figures(res: RunResult, requests, base: RunResult | None, window: int) -> d
         premature_cuts=sum(res.seer["premature_cuts"]),
         recovered=sum(o and s for o, s in zip(over, same)),
         lost_answers=sum(o and not s for o, s in zip(over, same)),
-        differs_from_baseline=sum(not s for s in same),
         mean_keep_len=sum(keep) / len(keep),
     )
     return out
 
 
 def run_demo(model, requests, gen, configs: dict, *, batch_size: int, progress: bool = True) -> dict:
-    """Decode ``requests`` with the baseline and every Seer config, interleaved per batch."""
+    """Decode ``requests`` with the baseline and every configuration, interleaved per batch.
+    ``configs``: name -> ``(GenerationConfig, generate's keyword arguments)``, or a SeerConfig
+    (decoded with ``gen``)."""
     from tqdm.auto import tqdm
 
     names = ["baseline", *configs]
+    plans = {name: (gen, {}) if name == "baseline" else configs[name] if isinstance(configs[name], tuple)
+             else (gen, {"seer": configs[name]}) for name in names}
     results = {name: RunResult() for name in names}
     bar = tqdm(total=len(requests) * len(names), desc="demo", unit="req", disable=not progress, file=sys.stderr)
     for start in range(0, len(requests), batch_size):
         batch = requests[start: start + batch_size]
         for name in names:
-            part = run_requests(model, batch, gen, seer=configs.get(name), batch_size=batch_size, progress=bar)
+            gen_of, kwargs = plans[name]
+            part = run_requests(model, batch, gen_of, batch_size=batch_size, progress=bar, **kwargs)
             results[name].extend(part)
     bar.close()
     return results
@@ -106,6 +124,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--json", default=None, help="write the figures as JSON to this path")
     p.add_argument("--plot", default=None, help="write the step-0 sparsity plot (PNG) to this path")
     p.add_argument("--model", default=None, help="a model directory instead of the embedded model")
+    p.add_argument("--threshold", type=float, default=0.9,
+                   help="the confidence threshold of the parallel-decoding rows (default 0.9, Fast-dLLM's)")
     p.set_defaults(func=main)
 
 
@@ -120,10 +140,16 @@ def main(args) -> int:
     requests, _tasks = emb.demo_requests(n, tokenizer)
     gen = emb.demo_generation_config()
     default = emb.default_seer_config()
+    dyllm = emb.default_dyllm_config()
+    fast = gen.replace(threshold=args.threshold, steps=None)  # validates the threshold, naming it
     configs = {
         "seer:sparsity": replace(default, probe="sparsity"),
         "seer:eos_prob": replace(default, probe="eos_prob"),
         "seer:both": replace(default, probe="both"),
+        "dyllm": (gen, {"dyllm": dyllm}),
+        f"threshold:{args.threshold:g}": (fast, {}),
+        "seer+threshold": (fast, {"seer": default}),
+        "seer+threshold+dyllm": (fast, {"seer": default, "dyllm": dyllm}),
     }
     recommended = f"seer:{default.probe}"
     print(f"embedded LaViDa-LLaDA ({sum(p.numel() for p in model.parameters()):,} parameters), {n} held-out requests, "
@@ -158,7 +184,9 @@ def main(args) -> int:
         "over_truncation_rate": rec["over_truncation_rate"],
         "recovered": rec["recovered"],
         "lost_answers": rec["lost_answers"],
-        "probes": {name.split(":", 1)[1]: f for name, f in figures.items() if name != "baseline"},
+        "probes": {name.split(":", 1)[1]: f for name, f in figures.items() if name.startswith("seer:")},
+        "methods": {name: f for name, f in figures.items() if name != "baseline" and not name.startswith("seer:")},
+        "threshold": args.threshold,
         "seconds": time.perf_counter() - t0,
     }
     if args.json:

@@ -193,7 +193,7 @@ class RoutedExecution(DecodePolicy):
             if pg.prompt_rows is not None:
                 fwd.hidden[pg.prompt_rows] = run.prompt_embeds[pg.prompt_src[:, 0], pg.prompt_src[:, 1]]
             run.run_forward(fwd)
-            logits = run.model.head(fwd.hidden[pg.logit_rows])
+            logits = run.check_logits(run.model.head(fwd.hidden[pg.logit_rows]))
             out = logits.new_zeros((len(rows), fwd.width, logits.shape[-1]))
             out[pg.logit_dest[:, 0], pg.logit_dest[:, 1]] = logits
             return out

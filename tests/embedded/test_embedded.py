@@ -260,9 +260,10 @@ def test_heldout_requests_decode_correctly(shipped):
     assert length_acc >= rate - 3 * math.sqrt(rate * (1 - rate) / N_DECODE)
 
 
-def test_shipped_seer_config_and_demo_json(tmp_path):
+def test_shipped_seer_config_and_demo_json(tmp_path, reference_kernels):
     """The calibrated SeerConfig ships beside the weights, and ``seer demo --json`` writes the
-    figures the README promises (a short run: one batch of 8 held-out requests)."""
+    figures the README promises (a short run: one batch of 8 held-out requests; the kernels on
+    their references, as DyLLM's in the interpreter would take minutes)."""
     from model_adapters.embedded.serving import SEER_CONFIG_FILE, default_seer_config
     from seer_runtime.cli import main
 
@@ -285,6 +286,13 @@ def test_shipped_seer_config_and_demo_json(tmp_path):
     for probe in fig["probes"].values():
         assert probe["tokens_computed"] <= fig["baseline"]["tokens_computed"]
         assert probe["recovered"] + probe["lost_answers"] == probe["over_truncated"]
+    # DyLLM, threshold parallel decoding and their compositions with Seer, beside the probes
+    methods = fig["methods"]
+    assert set(methods) == {"dyllm", "threshold:0.9", "seer+threshold", "seer+threshold+dyllm"}
+    assert methods["dyllm"]["dyllm_flop_ratio"] < 1 and methods["dyllm"]["ideal_speedup"] > 1
+    for name in ("threshold:0.9", "seer+threshold"):  # a threshold cuts the steps, hence the forwards
+        assert methods[name]["nfe"] < fig["baseline"]["nfe"], name
+    assert methods["seer+threshold"]["tokens_computed"] <= methods["threshold:0.9"]["tokens_computed"]
 
 
 def test_shipped_dyllm_config_is_the_calibrated_choice():

@@ -71,8 +71,10 @@ def test_model_args_are_checked_by_name(tiny_dirs):
     path = str(tiny_dirs["llada-8b-instruct"])
     lm = SeerLM.create_from_arg_string(f"pretrained={path},gen_length=8,steps=4,block_length=4", {"batch_size": "3"})
     assert (lm.gen.gen_length, lm.gen.steps, lm.gen.block_length, lm.batch_size) == (8, 4, 4, 3)
-    with pytest.raises(ValueError, match=r"unknown GenerationConfig fields: \['threshold'\].*seer's own arguments"):
-        SeerLM.create_from_arg_string(f"pretrained={path},threshold=0.9")
+    with pytest.raises(ValueError, match=r"unknown GenerationConfig fields: \['treshold'\].*seer's own arguments"):
+        SeerLM.create_from_arg_string(f"pretrained={path},treshold=0.9")
+    fast = SeerLM.create_from_arg_string(f"pretrained={path},gen_length=8,threshold=0.9,block_cache=dual")
+    assert (fast.gen.threshold, fast.gen.block_cache) == (0.9, "dual")  # Fast-dLLM's options, as its eval takes them
     with pytest.raises(ValueError, match="steps .3. must be divisible by the number of blocks .2."):
         SeerLM(path, gen_length=8, block_length=4, steps=3)
     with pytest.raises(ValueError, match="batch_size 'auto' is not supported"):

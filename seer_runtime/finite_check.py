@@ -1,0 +1,73 @@
+"""The run-time check for NaN and inf (``GenerationConfig.check_finite``, on by default).
+
+A NaN or inf in a hidden state (an fp16 overflow, a bad weight) would otherwise decode into a
+silently wrong answer: argmax over NaN logits picks token 0. The check keeps everything on the
+device, so no step waits for the host:
+
+* after every layer of every forward, the sum of the layer's output is added into that layer's
+  slot of a float32 buffer ``[num_layers + 1]`` (the last slot: the logits); a NaN or inf
+  anywhere makes the slot's running sum non-finite for good (one reduction and one add per
+  layer, inside captured graphs too: the buffer's address never changes);
+* after every step (outside any graph), the first step at which a slot turned non-finite is
+  recorded, with a snapshot of which slots were non-finite then;
+* :meth:`FiniteCheck.raise_if_found` reads both once, at the end of ``generate``, and raises
+  :class:`NonFiniteError` naming the step and the first layer whose output held the fault.
+
+A finite sum of finite float32 values can only overflow past 3.4e38, which hidden states do not
+reach; a position the attention masks out entirely would give NaN there, but every query of our
+layouts attends to at least its own (live) key.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class NonFiniteError(FloatingPointError):
+    """NaN or inf in a hidden state or the logits during ``generate``. ``step`` and ``layer``
+    (None: the logits) say where it appeared first; ``output`` is the GenerationOutput decoded
+    (its tokens after the fault are not to be trusted), so nothing is lost."""
+
+    def __init__(self, message: str, *, step: int, layer: int | None, output=None) -> None:
+        super().__init__(message)
+        self.step, self.layer, self.output = step, layer, output
+
+
+class FiniteCheck:
+    """Device-side NaN/inf watch over ``num_layers`` layer outputs and the logits (module docstring)."""
+
+    def __init__(self, num_layers: int, device: torch.device) -> None:
+        self.num_layers = num_layers
+        self.sums = torch.zeros(num_layers + 1, dtype=torch.float32, device=device)
+        self.first_step = torch.full((1,), -1, dtype=torch.float32, device=device)
+        self.first_slots = torch.zeros(num_layers + 1, dtype=torch.bool, device=device)
+
+    def layer(self, layer: int, hidden: torch.Tensor) -> None:
+        """Layer ``layer``'s output (any shape) joins its slot."""
+        self.sums[layer].add_(hidden.sum(dtype=torch.float32))
+
+    def logits(self, logits: torch.Tensor) -> None:
+        self.sums[self.num_layers].add_(logits.sum(dtype=torch.float32))
+
+    def end_step(self, step: int) -> None:
+        """After step ``step``: remember it (and which slots were bad) if it is the first bad one."""
+        bad = ~torch.isfinite(self.sums)
+        unset = self.first_step < 0
+        self.first_slots.copy_(torch.where(unset, bad, self.first_slots))
+        self.first_step.copy_(torch.where(unset & bad.any(), float(step), self.first_step))
+
+    def raise_if_found(self, output=None) -> None:
+        """The one read per generate call: raises :class:`NonFiniteError` if a fault was seen."""
+        values = torch.cat([self.first_step, self.first_slots.float()]).tolist()
+        step = int(values[0])
+        if step < 0:
+            return
+        slot = next(i for i, bad in enumerate(values[1:]) if bad)
+        layer = None if slot == self.num_layers else slot
+        where = "the logits (LM head)" if layer is None else f"the output of layer {layer}"
+        raise NonFiniteError(
+            f"generate: NaN or inf first appeared at step {step} in {where} (of {self.num_layers} layers); the "
+            "answers decoded after it are not to be trusted (the decoded output is attached as .output). Causes: "
+            "a weight that is NaN/inf (load_model(..., check_finite=True) names it), or an fp16 overflow (fp16 "
+            "ends at 65504: run in bfloat16 or float32). GenerationConfig(check_finite=False) turns this check "
+            "off.", step=step, layer=layer, output=output)
