@@ -63,3 +63,34 @@ def test_engine_overhead_per_step(benchmark, mid_model, kind):
           f"outside the forward {1e3 * overhead / steps:.2f} ms = {100 * frac:.1f}% of the step")
     # a guard against gross regressions only (the measured fraction is what matters)
     assert frac < 0.25, f"engine overhead {100 * frac:.1f}% of the step"
+
+
+def test_finite_check_cost(benchmark, mid_model):
+    """The NaN/inf watch (``GenerationConfig.check_finite``): generate with and without it,
+    interleaved in one process (3 rounds each, the median), same inputs; prints the measured
+    ratio beside the ideal one (the watch's reductions over the layers' FLOPs: one read of each
+    layer's output per position, against ~2 x 12 d^2 multiply-adds of the layer)."""
+    import time
+
+    model = mid_model
+    window = 16 if benchmark.disabled else 64
+    ids = torch.randint(0, 30000, (4, 64))
+    gen = GenerationConfig(gen_length=window, steps=window, block_length=16)
+    times = {True: [], False: []}
+    rounds = 1 if benchmark.disabled else 3
+
+    def run():
+        with kernel_backend("reference"):
+            for _ in range(rounds):
+                for on in (True, False):
+                    t0 = time.perf_counter()
+                    generate(model, ids, gen=gen.replace(check_finite=on), graphs=None)
+                    times[on].append(time.perf_counter() - t0)
+
+    benchmark.pedantic(run, rounds=1, iterations=1, warmup_rounds=0)
+    on, off = sorted(times[True])[len(times[True]) // 2], sorted(times[False])[len(times[False]) // 2]
+    d = MID["d_model"]
+    layer_flops = 2 * (4 * d * d + 3 * d * MID["mlp_hidden_size"])  # per position
+    print(f"\ncheck_finite on {1e3 * on:.1f} ms, off {1e3 * off:.1f} ms: measured x{on / off:.3f}, "
+          f"ideal x{1 + d / layer_flops:.5f} (one sum over d per position and layer)")
+    benchmark.extra_info.update(on_ms=1e3 * on, off_ms=1e3 * off)

@@ -419,15 +419,6 @@ def evaluate_step0(model, tok: EmbeddedTokenizer, reqs: list[TaskRequest], *, wi
     return out
 
 
-def engine_available() -> bool:
-    try:
-        import seer_runtime
-
-        return hasattr(seer_runtime, "generate") and hasattr(seer_runtime, "GenerationConfig")
-    except Exception:  # noqa: BLE001 - any import problem means "not yet"
-        return False
-
-
 @torch.no_grad()
 def decode_requests(model, tok: EmbeddedTokenizer, reqs: list[TaskRequest], *, window: int = RESPONSE_WINDOW,
                     prefix_cache: bool = True, seer=None):
@@ -457,10 +448,8 @@ def exact_matches(tok: EmbeddedTokenizer, reqs: list[TaskRequest], out) -> list[
 @torch.no_grad()
 def evaluate_decoding(model, tok: EmbeddedTokenizer, reqs: list[TaskRequest], *,
                       window: int = RESPONSE_WINDOW, batch_size: int = 50,
-                      per_kind: bool = False) -> dict | None:
-    """Held-out exact match of the baseline decoder (prefix cache on); None without the engine."""
-    if not engine_available():
-        return None
+                      per_kind: bool = False) -> dict:
+    """Held-out exact match of the baseline decoder (prefix cache on)."""
     was_training = model.training
     model.eval()
     hits: list[bool] = []
@@ -645,7 +634,7 @@ def main(argv=None) -> dict:
             m = evaluate_step0(model, tok, probe)
             dec = evaluate_decoding(model, tok, probe[:96])
             m.update(step=step + 1, elapsed_s=round(time.perf_counter() - start, 1),
-                     exact_match_96=None if dec is None else dec["exact_match"])
+                     exact_match_96=dec["exact_match"])
             log["eval_curve"].append(m)
             if args.checkpoint_dir is not None:
                 save_model(model, Path(args.checkpoint_dir) / f"step{step + 1}")
@@ -669,8 +658,7 @@ def main(argv=None) -> dict:
     dec = evaluate_decoding(final_model, tok, heldout[: args.final_eval_requests], per_kind=True)
     log["heldout"] = {"seed": HELDOUT_SEED, **final, "decoding": dec, "weights": args.save_dtype}
     print(json.dumps({k: v for k, v in final.items() if k != "per_kind"}, indent=1))
-    if dec is not None:
-        print(f"held-out exact match (baseline decoder): {dec['exact_match']:.4f}")
+    print(f"held-out exact match (baseline decoder): {dec['exact_match']:.4f}")
 
     out_dir.mkdir(parents=True, exist_ok=True)
     save_model(shipped, out_dir)

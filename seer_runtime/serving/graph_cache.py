@@ -340,7 +340,7 @@ class _RecordedGraph:
     pool: Any
 
 
-class RecordingGraphBackend:
+class RecordingGraphBackend(FakeGraphBackend):
     """A CPU stand-in with a CUDA graph's semantics, so that graph safety is tested without a GPU.
 
     ``capture`` runs ``fn`` once (``capture_executes``: the call is the step's real work) under a
@@ -349,28 +349,14 @@ class RecordingGraphBackend:
     data-dependent shapes). ``replay`` re-executes the recorded ops on the same tensors and writes
     each op's fresh outputs into the tensors the capture produced: the Python that issued the ops
     does not run again, so host values and decisions taken during the capture are frozen, as on
-    a GPU. ``captured`` / ``replayed`` / ``released`` list the keys in order.
+    a GPU. ``captured`` / ``replayed`` / ``released`` list the keys in order (warm-up and
+    bookkeeping as :class:`FakeGraphBackend`'s).
     """
 
     name = "recording"
-    capture_executes = True
-
-    def __init__(self) -> None:
-        self.captured: list[Any] = []
-        self.replayed: list[Any] = []
-        self.released: list[Any] = []
-        self.warmup_runs = 0
 
     def new_pool(self):
         return None
-
-    def synchronize(self) -> None:
-        pass
-
-    def warmup(self, fn, runs: int) -> None:
-        for _ in range(runs):
-            fn()
-        self.warmup_runs += runs
 
     def capture(self, fn, pool, key):
         with _Recording() as recording:
@@ -388,9 +374,6 @@ class RecordingGraphBackend:
                 if isinstance(o, torch.Tensor) and not aliased and o is not n:
                     o.copy_(n)
         self.replayed.append(handle.key)
-
-    def release(self, handle: _RecordedGraph) -> None:
-        self.released.append(handle.key)
 
 
 _eager_announced = False
