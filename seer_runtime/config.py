@@ -159,7 +159,9 @@ class GenerationConfig(StoredConfig):
                   confidence reaches it, and at least the most confident one (Fast-dLLM's
                   parallel decoding); a block ends when no mask is left in it, so the number of
                   steps follows the model (``steps`` is not used). Dream family: ``alg`` must be
-                  "maskgit_plus" (the confidence is the chosen token's probability).
+                  "maskgit_plus" (the confidence is the chosen token's probability). A step that
+                  commits only the model's own mask token ends its block (Fast-dLLM would loop):
+                  the masks stay in the answer and a RuntimeWarning says so.
     block_cache:  None, "prefix" or "dual" (Fast-dLLM's block caches): a block's first step runs
                   the whole sequence and keeps every position's keys/values; its later steps feed
                   the block and what follows it ("prefix": the keys/values before the block are
