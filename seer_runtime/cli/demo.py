@@ -130,6 +130,9 @@ def add_parsers(sub) -> None:
 
 
 def main(args) -> int:
+    from ..config import GenerationConfig
+
+    GenerationConfig(threshold=args.threshold)  # --threshold checked before the model loads
     torch.set_num_threads(max(1, torch.get_num_threads()))
     svc = model_services()
     emb = svc.embedded()
@@ -141,7 +144,7 @@ def main(args) -> int:
     gen = emb.demo_generation_config()
     default = emb.default_seer_config()
     dyllm = emb.default_dyllm_config()
-    fast = gen.replace(threshold=args.threshold, steps=None)  # validates the threshold, naming it
+    fast = gen.replace(threshold=args.threshold, steps=None)
     configs = {
         "seer:sparsity": replace(default, probe="sparsity"),
         "seer:eos_prob": replace(default, probe="eos_prob"),

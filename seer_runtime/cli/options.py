@@ -98,6 +98,11 @@ def add_generation_options(p: argparse.ArgumentParser, *, with_policies: bool = 
     g.add_argument("--step-ratio", type=float, default=None, help="LaViDa: steps per block scaled by this ratio (0, 1]")
     g.add_argument("--prefix-cache", dest="prefix_cache", action="store_true", default=None)
     g.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false")
+    g.add_argument("--threshold", type=float, default=None,
+                   help="confidence-threshold parallel decoding (0, 1], e.g. 0.9 (Fast-dLLM's): the step count "
+                        "follows the model")
+    g.add_argument("--block-cache", default=None, choices=["prefix", "dual"],
+                   help="Fast-dLLM's block K/V cache (LLaDA family)")
     g.add_argument("--gen-json", default=None, help="a JSON file of GenerationConfig fields")
     if not with_policies:
         return
@@ -114,9 +119,11 @@ def generation_config(args, checkpoint: str | Path | None = None) -> GenerationC
     fields = checkpoint_generation_fields(checkpoint) if checkpoint is not None else {}
     if args.gen_json:
         fields.update(read_json_object(args.gen_json, "--gen-json"))
+    if getattr(args, "threshold", None) is not None and args.steps is None:
+        fields.pop("steps", None)  # a threshold decides the steps: the checkpoint's count is not used
     for name in ("gen_length", "steps", "block_length", "temperature", "remasking", "alg", "cfg_scale", "schedule",
-                 "step_ratio", "prefix_cache"):
-        value = getattr(args, name)
+                 "step_ratio", "prefix_cache", "threshold", "block_cache"):
+        value = getattr(args, name, None)
         if value is not None:
             fields[name] = value
     return GenerationConfig.from_dict(fields)

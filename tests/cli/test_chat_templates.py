@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -155,6 +156,14 @@ def test_generate_answers_held_out_requests_as_the_demo_does(tmp_path, capsys):
     assert main(["generate", "--model", str(EMBEDDED_DIR), "--prompt", "count to two", "--gen-length", "16"]) == 0
     err = capsys.readouterr().err
     assert "steps 16 " in err and "window 16, block 16" in err
+    # Fast-dLLM's options: the same answer in fewer forwards, without a warning about the
+    # checkpoint's step count (a threshold decides the steps)
+    for extra in (["--threshold", "0.9"], ["--threshold", "0.9", "--block-cache", "dual"]):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)
+            assert main(["generate", "--model", str(EMBEDDED_DIR), "--prompt", tasks[text[0]].question, *extra]) == 0
+        out, err = capsys.readouterr()
+        assert out.strip() == emb.decode(demo.answers[0]) and "NFE 32 " not in err, extra
 
 
 def test_calibrate_names_a_template_only_with_a_checkpoint(capsys):
