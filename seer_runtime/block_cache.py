@@ -66,7 +66,7 @@ class BlockCachePolicy(DecodePolicy):
         if run.rules.family != "llada":
             raise ValueError("block_cache is implemented for the LLaDA family (LLaDA, MMaDA, LaViDa-LLaDA): a Dream "
                              "window position reads the previous position's state, which a cached span does not feed")
-        others = [p.name for p in run.policies if p is not self and type(p).execute is not DecodePolicy.execute]
+        others = [p.name for p in run.policies if p is not self and p.runs_forwards]
         if others or any(p.name == "dyllm" for p in run.policies):
             raise ValueError(f"block_cache runs the step's forwards itself: it composes with neither DyLLM (its own "
                              f"caches) nor a policy that runs forwards ({others or ['dyllm']})")

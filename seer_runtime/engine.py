@@ -31,7 +31,6 @@ from .adapter import PackedLayout, PaddedLayout, PrefixKV, Taps
 from .config import GenerationConfig
 from .finite_check import FiniteCheck
 from .plans import DecodingRules, StepPlan, dream_plan, llada_plan, threshold_step
-from .policy import DecodePolicy
 from .profiling import prange
 from .sampling import NEG_INF, RandomSource, dream_sample_tokens, llada_step, select_topk, threshold_picks
 from .schedules import dream_count
@@ -345,7 +344,7 @@ class DecodeRun:
         runs the forward itself). False: not this step (the caller runs them apart)."""
         g = self.gen
         if (self.graphs.backend is None or self.rules.family != "llada" or g.temperature > 0
-                or g.remasking == "random" or any(type(p).execute is not DecodePolicy.execute for p in self.policies)):
+                or g.remasking == "random" or any(p.runs_forwards for p in self.policies)):
             return False
         fwd = self.plan_padded(rows, step)
         plans = [self.plans[r] for r in rows]

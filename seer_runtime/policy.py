@@ -74,6 +74,11 @@ class DecodePolicy:
         or None to leave it to the next policy (and finally to the engine's padded forward)."""
         return None
 
+    @property
+    def runs_forwards(self) -> bool:
+        """Whether this policy overrides :meth:`execute` (runs a step's forwards itself)."""
+        return type(self).execute is not DecodePolicy.execute
+
     def plan_forward(self, run: DecodeRun, fwd: Forward) -> None:
         """A forward of ``fwd.rows`` is about to be laid out (``fwd.feed_prompt`` may be cleared)."""
 
