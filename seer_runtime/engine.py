@@ -215,9 +215,9 @@ class DecodeRun:
         self.first_masked = 0
         self._device_tensors: dict[tuple, torch.Tensor] = {}
         self._prefix_rows: tuple[tuple, PrefixKV] | None = None
-        # masks left after a step, read at its end: (rows, counts) of the window (Dream) or
-        # (rows, counts, block starts) of the blocks a threshold step worked in
-        self._masks_read: tuple | None = None
+        # masks left after a step, read at its end: (rows, counts, block starts) of the blocks a
+        # threshold step worked in, or with block starts None of the whole window (Dream)
+        self._masks_read: tuple[list[int], torch.Tensor, list[int] | None] | None = None
         self.graphs = ForwardGraphs(resolve_backend(graphs, self.device))
         self._charges: dict[tuple, tuple[int, int, list[int]]] = {}  # per graph key: what a forward charges
         self.step_values: dict[str, list[int]] = {}
@@ -712,7 +712,7 @@ class DecodeRun:
         everything else the host needs (:meth:`read_step_values`): Dream's rule commits a number
         that depends on them (and a position may be given the mask id again)."""
         left = ((window == self.token_ids.mask) & self.window.live_mask(self.row_index(rows), window.shape[1]))
-        self._masks_read = (rows, left.sum(dim=1))
+        self._masks_read = (rows, left.sum(dim=1), None)
         self.window.masks.pending = True
 
     def read_step_values(self, step: int) -> None:
@@ -729,7 +729,7 @@ class DecodeRun:
                 wanted[name] = value
         self.step_values = dict(zip(wanted, read_to_host(list(wanted.values())))) if wanted else {}
         if self._masks_read is not None:
-            rows, _, block_starts = (*self._masks_read, None)[:3]
+            rows, _, block_starts = self._masks_read
             masks = self.window.masks
             for i, (r, n) in enumerate(zip(rows, self.step_values["masks_left"])):
                 if block_starts is None:  # Dream: the whole window

@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from ..calibration.seer import plot_profiles, step0_profiles
+from ..config import GenerationConfig
 from ..evaluate import RunResult, boundary_mae, run_requests
 from .options import model_services, positive_int
 
@@ -83,14 +84,12 @@ def _figures(res: RunResult, requests, base: RunResult | None, window: int) -> d
 
 
 def run_demo(model, requests, gen, configs: dict, *, batch_size: int, progress: bool = True) -> dict:
-    """Decode ``requests`` with the baseline and every configuration, interleaved per batch.
-    ``configs``: name -> ``(GenerationConfig, generate's keyword arguments)``, or a SeerConfig
-    (decoded with ``gen``)."""
+    """Decode ``requests`` with the baseline (``gen``) and every configuration, interleaved per
+    batch. ``configs``: name -> ``(GenerationConfig, generate's keyword arguments)``."""
     from tqdm.auto import tqdm
 
-    names = ["baseline", *configs]
-    plans = {name: (gen, {}) if name == "baseline" else configs[name] if isinstance(configs[name], tuple)
-             else (gen, {"seer": configs[name]}) for name in names}
+    plans = {"baseline": (gen, {}), **configs}
+    names = list(plans)
     results = {name: RunResult() for name in names}
     bar = tqdm(total=len(requests) * len(names), desc="demo", unit="req", disable=not progress, file=sys.stderr)
     for start in range(0, len(requests), batch_size):
@@ -130,8 +129,6 @@ def add_parsers(sub) -> None:
 
 
 def main(args) -> int:
-    from ..config import GenerationConfig
-
     GenerationConfig(threshold=args.threshold)  # --threshold checked before the model loads
     torch.set_num_threads(max(1, torch.get_num_threads()))
     svc = model_services()
@@ -146,9 +143,8 @@ def main(args) -> int:
     dyllm = emb.default_dyllm_config()
     fast = gen.replace(threshold=args.threshold, steps=None)
     configs = {
-        "seer:sparsity": replace(default, probe="sparsity"),
-        "seer:eos_prob": replace(default, probe="eos_prob"),
-        "seer:both": replace(default, probe="both"),
+        **{f"seer:{probe}": (gen, {"seer": replace(default, probe=probe)})
+           for probe in ("sparsity", "eos_prob", "both")},
         "dyllm": (gen, {"dyllm": dyllm}),
         f"threshold:{args.threshold:g}": (fast, {}),
         "seer+threshold": (fast, {"seer": default}),

@@ -119,11 +119,11 @@ def generation_config(args, checkpoint: str | Path | None = None) -> GenerationC
     fields = checkpoint_generation_fields(checkpoint) if checkpoint is not None else {}
     if args.gen_json:
         fields.update(read_json_object(args.gen_json, "--gen-json"))
-    if getattr(args, "threshold", None) is not None and args.steps is None:
+    if args.threshold is not None and args.steps is None:
         fields.pop("steps", None)  # a threshold decides the steps: the checkpoint's count is not used
     for name in ("gen_length", "steps", "block_length", "temperature", "remasking", "alg", "cfg_scale", "schedule",
                  "step_ratio", "prefix_cache", "threshold", "block_cache"):
-        value = getattr(args, name, None)
+        value = getattr(args, name)
         if value is not None:
             fields[name] = value
     return GenerationConfig.from_dict(fields)
