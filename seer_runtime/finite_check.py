@@ -8,10 +8,12 @@ device, so no step waits for the host:
   slot of a float32 buffer ``[num_layers + 1]`` (the last slot: the logits); a NaN or inf
   anywhere makes the slot's running sum non-finite for good (one reduction and one add per
   layer, inside captured graphs too: the buffer's address never changes);
-* after every step (outside any graph), the first step at which a slot turned non-finite is
-  recorded, with a snapshot of which slots were non-finite then;
-* :meth:`FiniteCheck.raise_if_found` reads both once, at the end of ``generate``, and raises
-  :class:`NonFiniteError` naming the step and the first layer whose output held the fault.
+* after every step (outside any graph), the running sums are copied into that step's row of a
+  history buffer (one copy: a non-finite sum stays non-finite, so the first bad row is the
+  first bad step and its non-finite slots say where);
+* :meth:`FiniteCheck.raise_if_found` reads which rows hold a non-finite value once, at the end of
+  ``generate``, and raises :class:`NonFiniteError` naming the step and the first layer whose
+  output held the fault.
 
 A finite sum of finite float32 values can only overflow past 3.4e38, which hidden states do not
 reach; a position the attention masks out entirely would give NaN there, but every query of our
@@ -36,11 +38,11 @@ class NonFiniteError(FloatingPointError):
 class FiniteCheck:
     """Device-side NaN/inf watch over ``num_layers`` layer outputs and the logits (module docstring)."""
 
-    def __init__(self, num_layers: int, device: torch.device) -> None:
+    def __init__(self, num_layers: int, device: torch.device, *, capacity: int = 64) -> None:
         self.num_layers = num_layers
         self.sums = torch.zeros(num_layers + 1, dtype=torch.float32, device=device)
-        self.first_step = torch.full((1,), -1, dtype=torch.float32, device=device)
-        self.first_slots = torch.zeros(num_layers + 1, dtype=torch.bool, device=device)
+        self.history = torch.empty(capacity, num_layers + 1, dtype=torch.float32, device=device)
+        self.steps: list[int] = []  # the step number of each history row
 
     def layer(self, layer: int, hidden: torch.Tensor) -> None:
         """Layer ``layer``'s output (any shape) joins its slot."""
@@ -50,19 +52,27 @@ class FiniteCheck:
         self.sums[self.num_layers].add_(logits.sum(dtype=torch.float32))
 
     def end_step(self, step: int) -> None:
-        """After step ``step``: remember it (and which slots were bad) if it is the first bad one."""
-        bad = ~torch.isfinite(self.sums)
-        unset = self.first_step < 0
-        self.first_slots.copy_(torch.where(unset, bad, self.first_slots))
-        self.first_step.copy_(torch.where(unset & bad.any(), float(step), self.first_step))
+        """After step ``step``: its running sums join the history (the buffer doubles when full)."""
+        row = len(self.steps)
+        if row == self.history.shape[0]:
+            grown = self.history.new_empty(2 * row, self.history.shape[1])
+            grown[:row].copy_(self.history)
+            self.history = grown
+        self.history[row].copy_(self.sums)
+        self.steps.append(step)
 
     def raise_if_found(self, output=None) -> None:
         """The one read per generate call: raises :class:`NonFiniteError` if a fault was seen."""
-        values = torch.cat([self.first_step, self.first_slots.float()]).tolist()
-        step = int(values[0])
-        if step < 0:
+        if not self.steps:
             return
-        slot = next(i for i, bad in enumerate(values[1:]) if bad)
+        bad = ~torch.isfinite(self.history[: len(self.steps)])  # [rows, slots]
+        bad_rows = bad.any(dim=1)
+        first = bad_rows.to(torch.int8).argmax().reshape(1)  # the first bad row (0 when none)
+        values = torch.cat([bad_rows.any().reshape(1), first, bad.index_select(0, first)[0]]).tolist()  # one read
+        if not values[0]:
+            return
+        step = self.steps[int(values[1])]
+        slot = next(i for i, is_bad in enumerate(values[2:]) if is_bad)
         layer = None if slot == self.num_layers else slot
         where = "the logits (LM head)" if layer is None else f"the output of layer {layer}"
         raise NonFiniteError(
