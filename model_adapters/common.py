@@ -117,7 +117,7 @@ def linear(module: nn.Linear, x: torch.Tensor, count: int | torch.Tensor | None 
     computed (``seer_kernels.row_linear``: the count may stay on the device), the rest are zero."""
     if count is None:
         return module(x)
-    return seer_kernels.row_linear(x, module.weight, module.bias, count)
+    return seer_kernels.row_linear(x, module.weight, module.bias, count, check=False)  # rows the engine built
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor, taps: Taps | None) -> torch.Tensor:
@@ -164,9 +164,9 @@ def block_forward(
     else:  # K/V of the first kv_count rows of kv_index only (a fixed-capacity row set)
         index, count = rows.kv_index, rows.kv_count
         q = block.project_q(x_n)
-        k, v = block.project_kv(seer_kernels.gather_rows(x_n, index, count), count=count)
-        k = apply_rope(k, seer_kernels.gather_rows(cos, index, count), seer_kernels.gather_rows(sin, index, count),
-                       full_precision=rope_full_precision)
+        k, v = block.project_kv(seer_kernels.gather_rows(x_n, index, count, check=False), count=count)
+        k = apply_rope(k, seer_kernels.gather_rows(cos, index, count, check=False),
+                       seer_kernels.gather_rows(sin, index, count, check=False), full_precision=rope_full_precision)
     q = apply_rope(q, cos, sin, full_precision=rope_full_precision)
     if taps is not None and taps.keep_kv:
         taps.kv = (k, v)
@@ -184,7 +184,8 @@ def block_forward(
         ffn = block.mlp_down(swiglu(gate, up, taps))
     else:
         index, count = rows.ffn_index(ctx)
-        gate, up = block.mlp_gate_up(block.ffn_norm(seer_kernels.gather_rows(hidden, index, count)), count=count)
+        gate, up = block.mlp_gate_up(block.ffn_norm(seer_kernels.gather_rows(hidden, index, count, check=False)),
+                                     count=count)
         ffn = rows.ffn_output(block.mlp_down(swiglu(gate, up, None), count=count))
     if taps is not None and taps.keep_ffn_out:
         taps.ffn_out = ffn

@@ -276,6 +276,7 @@ def gather_rows(
     *,
     out: torch.Tensor | None = None,
     zero_tail: bool = True,
+    check: bool = True,
 ) -> torch.Tensor:
     """``out[j] = src[index[j]]`` for ``j < count``; a fixed-capacity, graph-capturable gather.
 
@@ -292,35 +293,39 @@ def gather_rows(
         out: optional ``[capacity, *F]`` buffer of ``src``'s dtype.
         zero_tail: rows ``j >= count`` of ``out`` are zero-filled (default), or left untouched
             when False (saves the writes when the caller ignores those rows).
+        check: validate the arguments (default). False skips every check, for a caller that
+            builds them itself and calls in a hot loop (the engine's sparse layers): wrong
+            arguments are then undefined behaviour.
 
     Returns:
         ``out`` ``[capacity, *F]``. Repeated indices are allowed. ``capacity = 0`` or ``N = 0``
         (with ``count = 0``) are valid no-ops apart from the zero fill.
     """
-    _dispatch.check_tensor("src", src, dtypes=_FLOAT_DTYPES, min_dim=2)
-    _check_common(index, count)
     capacity = index.shape[0]
-    if out is not None:
-        _dispatch.check_tensor("out", out, dtypes=(src.dtype,))
-        if tuple(out.shape) != (capacity, *src.shape[1:]):
-            raise ValueError(f"out must have shape {(capacity, *src.shape[1:])}, got {tuple(out.shape)}")
-    _dispatch.check_same_device(
-        src=src, index=index, count=count if isinstance(count, torch.Tensor) else None, out=out
-    )
-    _rows_2d("src", src)
-    _check_index_values(index, count, src.shape[0], unique=False)
+    if check:
+        _dispatch.check_tensor("src", src, dtypes=_FLOAT_DTYPES, min_dim=2)
+        _check_common(index, count)
+        if out is not None:
+            _dispatch.check_tensor("out", out, dtypes=(src.dtype,))
+            if tuple(out.shape) != (capacity, *src.shape[1:]):
+                raise ValueError(f"out must have shape {(capacity, *src.shape[1:])}, got {tuple(out.shape)}")
+        _dispatch.check_same_device(
+            src=src, index=index, count=count if isinstance(count, torch.Tensor) else None, out=out
+        )
+        _rows_2d("src", src)
+        _check_index_values(index, count, src.shape[0], unique=False)
+        if out is not None:
+            _rows_2d("out", out)
     if out is None:
         out = torch.empty((capacity, *src.shape[1:]), dtype=src.dtype, device=src.device)
         if not zero_tail:
             out.zero_()  # a fresh buffer has no previous contents worth keeping
-    else:
-        _rows_2d("out", out)
     _gather_rows_op(src, index, *_dispatch.split_count(count), bool(zero_tail), out)
     return out
 
 
 def scatter_rows(
-    dst: torch.Tensor, index: torch.Tensor, count: int | torch.Tensor, src: torch.Tensor
+    dst: torch.Tensor, index: torch.Tensor, count: int | torch.Tensor, src: torch.Tensor, *, check: bool = True
 ) -> torch.Tensor:
     """In place ``dst[index[j]] = src[j]`` for ``j < count``; returns ``dst``.
 
@@ -333,21 +338,24 @@ def scatter_rows(
             check would need a host sync). Slots at or past ``count`` are never read.
         count: as in :func:`gather_rows`.
         src: ``[capacity, *F]`` of ``dst``'s dtype; rows ``j >= count`` are ignored.
+        check: validate the arguments (default); False skips every check, as in
+            :func:`gather_rows`.
 
     Rows of ``dst`` not named by a live slot are left untouched. Graph-capturable (the first
     CUDA call per row width autotunes: warm up before a capture).
     """
-    _dispatch.check_tensor("dst", dst, dtypes=_FLOAT_DTYPES, min_dim=2)
-    _check_common(index, count)
-    capacity = index.shape[0]
-    _dispatch.check_tensor("src", src, dtypes=(dst.dtype,))
-    if tuple(src.shape) != (capacity, *dst.shape[1:]):
-        raise ValueError(f"src must have shape {(capacity, *dst.shape[1:])}, got {tuple(src.shape)}")
-    _dispatch.check_same_device(
-        dst=dst, index=index, count=count if isinstance(count, torch.Tensor) else None, src=src
-    )
-    _rows_2d("dst", dst)
-    _rows_2d("src", src)
-    _check_index_values(index, count, dst.shape[0], unique=True)
+    if check:
+        _dispatch.check_tensor("dst", dst, dtypes=_FLOAT_DTYPES, min_dim=2)
+        _check_common(index, count)
+        capacity = index.shape[0]
+        _dispatch.check_tensor("src", src, dtypes=(dst.dtype,))
+        if tuple(src.shape) != (capacity, *dst.shape[1:]):
+            raise ValueError(f"src must have shape {(capacity, *dst.shape[1:])}, got {tuple(src.shape)}")
+        _dispatch.check_same_device(
+            dst=dst, index=index, count=count if isinstance(count, torch.Tensor) else None, src=src
+        )
+        _rows_2d("dst", dst)
+        _rows_2d("src", src)
+        _check_index_values(index, count, dst.shape[0], unique=True)
     _scatter_rows_op(dst, index, *_dispatch.split_count(count), src)
     return dst

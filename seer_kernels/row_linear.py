@@ -179,29 +179,7 @@ _row_linear_op = _dispatch.define_op(
 )
 
 
-def row_linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, count: int | torch.Tensor
-) -> torch.Tensor:
-    """``F.linear`` of the first ``count`` rows of ``x``; the other rows of the result are zero.
-
-    Args:
-        x: ``[capacity, K]`` fp16/bf16/fp32, any strides.
-        weight: ``[N, K]`` of ``x``'s dtype and device (``nn.Linear.weight``), any strides.
-        bias: ``[N]`` of ``x``'s dtype, or None.
-        count: live rows: a Python int in ``[0, capacity]``, or an int32/int64 tensor of one
-            element on ``x``'s device, never read on the host (values outside ``[0, capacity]``
-            act as the nearest end; not checked, that would need a host sync).
-
-    Returns:
-        ``[capacity, N]`` in ``x``'s dtype: ``out[:count] = x[:count] @ weight.T + bias``,
-        accumulated in fp32 (IEEE fp32 dots for fp32 inputs, never tf32), the bias added in fp32
-        and the sum rounded once; rows at or past ``count`` are zero. ``K = 0`` gives the bias
-        (zeros without one) on the live rows; ``capacity = 0`` or ``N = 0`` an empty result.
-        Under the Triton interpreter bf16 dots run in fp32 (its bf16 arithmetic is wrong).
-
-    No host synchronisation on CUDA (graph-capturable); the first CUDA call per ``(capacity, N,
-    K)`` and dtype autotunes the tile sizes on that call's count, so warm up before a capture.
-    """
+def _check_row_linear(x, weight, bias, count) -> None:
     _dispatch.check_tensor("x", x, dtypes=_DTYPES, dim=2)
     _dispatch.check_tensor("weight", weight, dtypes=(x.dtype,), dim=2)
     if weight.shape[1] != x.shape[1]:
@@ -216,4 +194,35 @@ def row_linear(
     _dispatch.check_same_device(
         x=x, weight=weight, bias=bias, count=count if isinstance(count, torch.Tensor) else None
     )
+
+
+def row_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, count: int | torch.Tensor, *,
+    check: bool = True,
+) -> torch.Tensor:
+    """``F.linear`` of the first ``count`` rows of ``x``; the other rows of the result are zero.
+
+    Args:
+        x: ``[capacity, K]`` fp16/bf16/fp32, any strides.
+        weight: ``[N, K]`` of ``x``'s dtype and device (``nn.Linear.weight``), any strides.
+        bias: ``[N]`` of ``x``'s dtype, or None.
+        count: live rows: a Python int in ``[0, capacity]``, or an int32/int64 tensor of one
+            element on ``x``'s device, never read on the host (values outside ``[0, capacity]``
+            act as the nearest end; not checked, that would need a host sync).
+        check: validate the arguments (default). False skips every check, for a caller that
+            builds them itself and calls in a hot loop (the engine's sparse layers): wrong
+            arguments are then undefined behaviour.
+
+    Returns:
+        ``[capacity, N]`` in ``x``'s dtype: ``out[:count] = x[:count] @ weight.T + bias``,
+        accumulated in fp32 (IEEE fp32 dots for fp32 inputs, never tf32), the bias added in fp32
+        and the sum rounded once; rows at or past ``count`` are zero. ``K = 0`` gives the bias
+        (zeros without one) on the live rows; ``capacity = 0`` or ``N = 0`` an empty result.
+        Under the Triton interpreter bf16 dots run in fp32 (its bf16 arithmetic is wrong).
+
+    No host synchronisation on CUDA (graph-capturable); the first CUDA call per ``(capacity, N,
+    K)`` and dtype autotunes the tile sizes on that call's count, so warm up before a capture.
+    """
+    if check:
+        _check_row_linear(x, weight, bias, count)
     return _row_linear_op(x, weight, bias, *_dispatch.split_count(count))

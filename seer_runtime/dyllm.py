@@ -571,11 +571,11 @@ class SparseLayer:
         key_cache = policy.keys[i].view(-1, *policy.keys[i].shape[2:])
         value_cache = policy.values[i].view(-1, *policy.values[i].shape[2:])
         at = maps.query_cache.index_select(0, gate)
-        dv = v - gather_rows(value_cache, at, count)
+        dv = v - gather_rows(value_cache, at, count, check=False)  # index maps built here: no checks
         # the salient rows' keys before the update (the key-corrected partial attention)
-        k_old = gather_rows(key_cache, at, count) if policy.config.attention_mode == "partial" else None
-        scatter_rows(key_cache, at, count, k)
-        scatter_rows(value_cache, at, count, v)
+        k_old = gather_rows(key_cache, at, count, check=False) if policy.config.attention_mode == "partial" else None
+        scatter_rows(key_cache, at, count, k, check=False)
+        scatter_rows(value_cache, at, count, v, check=False)
         prefix_k = prefix_v = None
         if plan.prefix is not None:
             prefix_k, prefix_v = plan.prefix.keys[i], plan.prefix.values[i]
@@ -606,7 +606,7 @@ class SparseLayer:
         maps = plan.maps
         ffn_cache = policy.ffn_outputs[i].view(-1, policy.ffn_outputs[i].shape[-1])
         salient, count = self._salient
-        scatter_rows(ffn_cache, maps.query_cache.index_select(0, salient), count, out)
+        scatter_rows(ffn_cache, maps.query_cache.index_select(0, salient), count, out, check=False)
         plan.gate_masks.append(self._gate_mask)
         plan.salient_masks.append(self._salient_mask)
         plan.gate, plan.gate_count = salient, count  # the salient set gates the next layer
