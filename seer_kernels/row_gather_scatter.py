@@ -269,6 +269,27 @@ def _check_index_values(index: torch.Tensor, count: int | torch.Tensor, n_rows: 
         raise ValueError("index values in slots [0, count) must be unique for scatter_rows")
 
 
+def _check_row_op(table_name: str, table: object, index: object, count: object, rows_name: str,
+                  rows: object, *, unique: bool) -> None:
+    """The argument checks :func:`gather_rows` and :func:`scatter_rows` share: ``table`` ``[N, *F]``
+    (read or written), ``index`` and ``count``, and ``rows`` ``[capacity, *F]`` of the table's dtype
+    (the gathered rows, or the rows to scatter; None: allocated by the caller), on one device;
+    live index values in ``[0, N)`` (``unique`` for a scatter) on the host path."""
+    _dispatch.check_tensor(table_name, table, dtypes=_FLOAT_DTYPES, min_dim=2)
+    _check_common(index, count)
+    capacity = index.shape[0]
+    if rows is not None:
+        _dispatch.check_tensor(rows_name, rows, dtypes=(table.dtype,))
+        if tuple(rows.shape) != (capacity, *table.shape[1:]):
+            raise ValueError(f"{rows_name} must have shape {(capacity, *table.shape[1:])}, got {tuple(rows.shape)}")
+    devices = {table_name: table, "index": index, "count": count if isinstance(count, torch.Tensor) else None}
+    _dispatch.check_same_device(**devices, **{rows_name: rows})
+    _rows_2d(table_name, table)
+    if rows is not None:
+        _rows_2d(rows_name, rows)
+    _check_index_values(index, count, table.shape[0], unique=unique)
+
+
 def gather_rows(
     src: torch.Tensor,
     index: torch.Tensor,
@@ -303,19 +324,7 @@ def gather_rows(
     """
     capacity = index.shape[0]
     if check:
-        _dispatch.check_tensor("src", src, dtypes=_FLOAT_DTYPES, min_dim=2)
-        _check_common(index, count)
-        if out is not None:
-            _dispatch.check_tensor("out", out, dtypes=(src.dtype,))
-            if tuple(out.shape) != (capacity, *src.shape[1:]):
-                raise ValueError(f"out must have shape {(capacity, *src.shape[1:])}, got {tuple(out.shape)}")
-        _dispatch.check_same_device(
-            src=src, index=index, count=count if isinstance(count, torch.Tensor) else None, out=out
-        )
-        _rows_2d("src", src)
-        _check_index_values(index, count, src.shape[0], unique=False)
-        if out is not None:
-            _rows_2d("out", out)
+        _check_row_op("src", src, index, count, "out", out, unique=False)
     if out is None:
         out = torch.empty((capacity, *src.shape[1:]), dtype=src.dtype, device=src.device)
         if not zero_tail:
@@ -345,17 +354,6 @@ def scatter_rows(
     CUDA call per row width autotunes: warm up before a capture).
     """
     if check:
-        _dispatch.check_tensor("dst", dst, dtypes=_FLOAT_DTYPES, min_dim=2)
-        _check_common(index, count)
-        capacity = index.shape[0]
-        _dispatch.check_tensor("src", src, dtypes=(dst.dtype,))
-        if tuple(src.shape) != (capacity, *dst.shape[1:]):
-            raise ValueError(f"src must have shape {(capacity, *dst.shape[1:])}, got {tuple(src.shape)}")
-        _dispatch.check_same_device(
-            dst=dst, index=index, count=count if isinstance(count, torch.Tensor) else None, src=src
-        )
-        _rows_2d("dst", dst)
-        _rows_2d("src", src)
-        _check_index_values(index, count, dst.shape[0], unique=True)
+        _check_row_op("dst", dst, index, count, "src", src, unique=True)
     _scatter_rows_op(dst, index, *_dispatch.split_count(count), src)
     return dst
