@@ -123,13 +123,21 @@ class SparseMaps:
     ``cache_key_src`` -> packed row ``cache_key_dst``; prefix keys ``(prefix_key_row,
     prefix_key_pos)`` -> ``prefix_key_dst``. ``cu_q`` / ``cu_k`` int32 prefix sums, ``max_q`` /
     ``max_k`` / ``num_keys`` host ints, ``positions`` the packed RoPE positions and ``rope`` their
-    cos/sin."""
+    cos/sin. ``query_key_rows`` is ``query_key`` as int32 (the partial-attention kernel's key rows).
+
+    Contiguous layouts (decided on the host): ``query_range`` ``(start, stop)`` when the queries'
+    cache rows are ``query_cache = arange(start, stop)`` (consecutive requests, every fed position
+    real, the prompt fed or cached nowhere), and ``key_range`` likewise when the packed keys are
+    the cache rows ``arange(start, stop)`` in order (consecutive requests, every cached position
+    real, no prefix cache): the layers then read and write those cache rows as slices (views)
+    instead of gathering and scattering them. None otherwise."""
 
     num_queries: int
     query_src: torch.Tensor
     query_row: torch.Tensor
     query_cache: torch.Tensor
     query_key: torch.Tensor
+    query_key_rows: torch.Tensor
     cu_q: torch.Tensor
     cu_k: torch.Tensor
     max_q: int
@@ -145,6 +153,8 @@ class SparseMaps:
     slots: torch.Tensor  # arange(num_queries): the fixed-capacity row sets' slot numbers
     layer_stats: torch.Tensor  # float64 [layers, 5]: a forward's gating, salient, union, exact rows, MACs
     macs_weights: tuple[float, torch.Tensor, float, float]  # DyLLMPolicy.macs_weights of this layout
+    query_range: tuple[int, int] | None = None
+    key_range: tuple[int, int] | None = None
 
 
 @dataclass
@@ -168,6 +178,7 @@ class SparseForward:
     gate: torch.Tensor | None = None
     gate_count: torch.Tensor | None = None
     gate_mask: torch.Tensor | None = None
+    gate_at: torch.Tensor | None = None  # the gating rows' cache rows (None: from maps.query_cache)
     gate_masks: list[torch.Tensor] = field(default_factory=list)
     salient_masks: list[torch.Tensor] = field(default_factory=list)
     padded_input: torch.Tensor | None = None  # the forward's padded hidden state before packing
@@ -184,6 +195,8 @@ class DyLLMPolicy(DecodePolicy):
         self.config = config
         self.keys, self.values, self.contexts, self.ffn_outputs = [], [], [], []  # per layer, from on_request
         self._maps: dict[tuple, SparseMaps] = {}
+        self._flat: dict[tuple[str, int], torch.Tensor] = {}
+        self._flat_generation = 0
         self.records: list[dict] = []
         self.current: SparseForward | None = None
 
@@ -209,6 +222,8 @@ class DyLLMPolicy(DecodePolicy):
         self.records: list[dict] = []
         self.current: SparseForward | None = None
         self.cache_generation = 0  # bumped whenever the caches are reallocated (graphs read them by address)
+        self._flat: dict[tuple[str, int], torch.Tensor] = {}  # flat views of the caches (flat), this generation's
+        self._flat_generation = 0
         self._maps: dict[tuple, SparseMaps] = {}  # per layout (SparseForward.maps_key)
 
     # -- engine fixed points -------------------------------------------------------------------
@@ -336,6 +351,19 @@ class DyLLMPolicy(DecodePolicy):
             self.cache_generation += 1
         return caches[i]
 
+    def flat(self, kind: str, i: int) -> torch.Tensor:
+        """Layer ``i``'s cache ``kind`` ("keys", "values", "contexts" or "ffn_outputs") as
+        ``[B * Lc, ...]``: a view, made once per cache generation (the sparse layers read and write
+        the caches through these every step)."""
+        if self._flat_generation != self.cache_generation:
+            self._flat.clear()
+            self._flat_generation = self.cache_generation
+        view = self._flat.get((kind, i))
+        if view is None:
+            cache = getattr(self, kind)[i]
+            view = self._flat[(kind, i)] = cache.view(-1, *cache.shape[2:])
+        return view
+
     # -- the sparse forward's index maps -----------------------------------------------------------
     def _sparse_maps(self, run: DecodeRun, plan: SparseForward, fwd: Forward) -> SparseMaps:
         """The index maps of this forward's layout, built once per layout and kept for the call
@@ -385,15 +413,26 @@ class DyLLMPolicy(DecodePolicy):
             kp_row, kp_pos = kp_flat // kp.shape[1], kp_flat % kp.shape[1]
             kp_dst = cu_k[kp_row] + kp.long().cumsum(1)[kp_row, kp_pos] - 1
         positions = fwd.layout.positions.reshape(-1)[q_src]
+        # contiguous layouts, from host lengths alone: consecutive requests whose every position is real
+        first = plan.rows[0]
+        consecutive = plan.rows == list(range(first, first + R))
+        query_range = key_range = None
+        if consecutive and shift == 0 and lq == lc and all(n == lq for n in fed_per_request):
+            query_range = (first * lc, (first + R) * lc)
+        if consecutive and fwd.prefix is None and lk == lc and all(n == lc for n in cache_keys_per_request):
+            key_range = (first * lc, (first + R) * lc)
+        query_key = pk_map[q_row, q_pos + shift]
         return SparseMaps(
             num_queries=tq, query_src=q_src, query_row=q_row, query_cache=index[q_row] * lc + q_pos + shift,
-            query_key=pk_map[q_row, q_pos + shift], cu_q=up([0, *_cumsum(fed_per_request)], torch.int32),
+            query_key=query_key, query_key_rows=query_key.to(torch.int32),
+            cu_q=up([0, *_cumsum(fed_per_request)], torch.int32),
             cu_k=up([0, *_cumsum(keys_per_request)], torch.int32), max_q=max(fed_per_request),
             max_k=max(keys_per_request), num_keys=tk, cache_key_src=index[kr] * lc + kj, cache_key_dst=pk_map[kr, kj],
             prefix_key_row=kp_row, prefix_key_pos=kp_pos, prefix_key_dst=kp_dst,
             positions=positions, rope=run.model.rope(positions), slots=torch.arange(tq, device=dev),
             layer_stats=torch.zeros(run.num_layers, 5, dtype=torch.float64, device=dev),
-            macs_weights=self.macs_weights(fed_per_request, keys_per_request, up))
+            macs_weights=self.macs_weights(fed_per_request, keys_per_request, up),
+            query_range=query_range, key_range=key_range)
 
     def _first_gate(self, run: DecodeRun, plan: SparseForward, fwd: Forward) -> None:
         """Layer 0's gating set: the positions committed since each request's previous forward
@@ -421,8 +460,12 @@ class DyLLMPolicy(DecodePolicy):
         plan.gate_mask = flat.reshape(-1).index_select(0, maps.query_src)  # the same rows, per slot
 
     def pack(self, cache: torch.Tensor, prefix: torch.Tensor | None, maps: SparseMaps) -> torch.Tensor:
-        """Keys (or values) of the forward packed per request: ``[prefix keys, cache keys]``."""
-        part = cache.view(-1, *cache.shape[2:]).index_select(0, maps.cache_key_src)
+        """Keys (or values) of the forward packed per request: ``[prefix keys, cache keys]``;
+        ``cache`` flat ``[B * Lc, ...]`` (:meth:`flat`). A contiguous layout's keys are a view of
+        the cache (``SparseMaps.key_range``)."""
+        if maps.key_range is not None:
+            return cache[maps.key_range[0]: maps.key_range[1]]
+        part = cache.index_select(0, maps.cache_key_src)
         if prefix is None:
             return part  # no prefix: the cache keys are the packed keys, in order
         out = part.new_empty((maps.num_keys, *part.shape[1:]))
@@ -568,9 +611,8 @@ class SparseLayer:
         policy, plan, i = self.policy, self.plan, self.layer
         maps = plan.maps
         gate, count, num_q = plan.gate, plan.gate_count, maps.num_queries
-        key_cache = policy.keys[i].view(-1, *policy.keys[i].shape[2:])
-        value_cache = policy.values[i].view(-1, *policy.values[i].shape[2:])
-        at = maps.query_cache.index_select(0, gate)
+        key_cache, value_cache = policy.flat("keys", i), policy.flat("values", i)
+        at = plan.gate_at if plan.gate_at is not None else _cache_rows(maps, gate)
         dv = v - gather_rows(value_cache, at, count, check=False)  # index maps built here: no checks
         # the salient rows' keys before the update (the key-corrected partial attention)
         k_old = gather_rows(key_cache, at, count, check=False) if policy.config.attention_mode == "partial" else None
@@ -579,13 +621,15 @@ class SparseLayer:
         prefix_k = prefix_v = None
         if plan.prefix is not None:
             prefix_k, prefix_v = plan.prefix.keys[i], plan.prefix.values[i]
-        keys, values = policy.pack(policy.keys[i], prefix_k, maps), policy.pack(policy.values[i], prefix_v, maps)
-        contexts = policy.contexts[i].view(-1, policy.contexts[i].shape[-1])
-        self._context_before = contexts.index_select(0, maps.query_cache)  # [Tq, H*d]
+        keys, values = policy.pack(key_cache, prefix_k, maps), policy.pack(value_cache, prefix_v, maps)
+        contexts = policy.flat("contexts", i)
+        # [Tq, H*d]; with a contiguous layout a view, read (here and in ffn_index) before ffn_index writes it
+        self._context_before = (contexts[maps.query_range[0]: maps.query_range[1]] if maps.query_range is not None
+                                else contexts.index_select(0, maps.query_cache))
         heads, d = q.shape[1], q.shape[2]
         self._gate_mask = plan.gate_mask
         if policy.config.approx_attention:  # the gating rows' queries get exact attention
-            key_rows = maps.query_key.index_select(0, gate).to(torch.int32)
+            key_rows = maps.query_key_rows.index_select(0, gate)
             cached = self._context_before.view(num_q, heads, d)
             ctx = partial_attention(q, keys, values, cached, dv, maps.cu_q, maps.cu_k, maps.max_q, maps.max_k,
                                     self._gate_mask, key_rows, count, k_old=k_old)
@@ -595,20 +639,36 @@ class SparseLayer:
 
     def ffn_index(self, ctx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         policy, plan, i = self.policy, self.plan, self.layer
+        maps = plan.maps
         index, count, similarity = cosine_saliency(ctx, self._context_before, policy.tau)
-        self._salient = (index.clamp(min=0).long(), count)  # slots past the count: row 0, never live
-        self._salient_mask = (similarity < policy.tau) | similarity.isnan()  # the rows the index names
-        policy.contexts[i].view(-1, policy.contexts[i].shape[-1]).index_copy_(0, plan.maps.query_cache, ctx)
+        self._salient = (index.clamp(min=0), count)  # int32; slots past the count: row 0, never live
+        self._salient_mask = ~(similarity >= policy.tau)  # the rows the index names (NaN: salient)
+        contexts = policy.flat("contexts", i)
+        if maps.query_range is not None:
+            contexts[maps.query_range[0]: maps.query_range[1]].copy_(ctx)
+        else:
+            contexts.index_copy_(0, maps.query_cache, ctx)
         return self._salient
 
     def ffn_output(self, out: torch.Tensor) -> torch.Tensor:
         policy, plan, i = self.policy, self.plan, self.layer
         maps = plan.maps
-        ffn_cache = policy.ffn_outputs[i].view(-1, policy.ffn_outputs[i].shape[-1])
+        ffn_cache = policy.flat("ffn_outputs", i)
         salient, count = self._salient
-        scatter_rows(ffn_cache, maps.query_cache.index_select(0, salient), count, out, check=False)
+        at = _cache_rows(maps, salient)
+        scatter_rows(ffn_cache, at, count, out, check=False)
         plan.gate_masks.append(self._gate_mask)
         plan.salient_masks.append(self._salient_mask)
-        plan.gate, plan.gate_count = salient, count  # the salient set gates the next layer
+        # the salient set gates the next layer (its cache rows too)
+        plan.gate, plan.gate_count, plan.gate_at = salient, count, at
         plan.gate_mask = self._salient_mask
+        if maps.query_range is not None:
+            return ffn_cache[maps.query_range[0]: maps.query_range[1]]
         return ffn_cache.index_select(0, maps.query_cache)
+
+
+def _cache_rows(maps: SparseMaps, slots: torch.Tensor) -> torch.Tensor:
+    """The cache rows (flat ``[B * Lc]`` coordinates) of the query ``slots``."""
+    if maps.query_range is not None:
+        return slots + maps.query_range[0] if maps.query_range[0] else slots
+    return maps.query_cache.index_select(0, slots)

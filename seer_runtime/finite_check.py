@@ -41,15 +41,16 @@ class FiniteCheck:
     def __init__(self, num_layers: int, device: torch.device, *, capacity: int = 64) -> None:
         self.num_layers = num_layers
         self.sums = torch.zeros(num_layers + 1, dtype=torch.float32, device=device)
+        self._slots = self.sums.unbind(0)  # one view per slot, made once (fixed addresses)
         self.history = torch.empty(capacity, num_layers + 1, dtype=torch.float32, device=device)
         self.steps: list[int] = []  # the step number of each history row
 
     def layer(self, layer: int, hidden: torch.Tensor) -> None:
         """Layer ``layer``'s output (any shape) joins its slot."""
-        self.sums[layer].add_(hidden.sum(dtype=torch.float32))
+        self._slots[layer].add_(hidden.sum(dtype=torch.float32))
 
     def logits(self, logits: torch.Tensor) -> None:
-        self.sums[self.num_layers].add_(logits.sum(dtype=torch.float32))
+        self._slots[self.num_layers].add_(logits.sum(dtype=torch.float32))
 
     def end_step(self, step: int) -> None:
         """After step ``step``: its running sums join the history (the buffer doubles when full)."""

@@ -597,3 +597,38 @@ def test_cpu_attention_equals_the_kernels(heads, kv_heads, salient, key_correcti
     with kernel_backend("triton"):
         want = varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------ contiguous layouts
+@pytest.mark.parametrize("kind,cache", [("llada-8b-instruct", None), ("llada-8b-instruct", True),
+                                        ("dream-v0-instruct-7b", None)])
+@pytest.mark.parametrize("mode", sorted(ATTENTION_MODES))
+def test_contiguous_layouts_read_the_caches_as_views_with_the_same_result(kind, cache, mode, monkeypatch):
+    """Equal-length prompts (no padding) make a sparse forward's queries and keys consecutive
+    cache rows (``SparseMaps.query_range`` / ``key_range``): the layers then slice the caches
+    instead of gathering and scattering. Same tokens and the same statistics as the index path."""
+    model = tiny(kind)
+    ids = torch.randint(5, 60, (3, 6), generator=torch.Generator().manual_seed(2))
+    gen = gen_for(model, length=12, prefix_cache=cache)
+    dyllm = DyLLMConfig.for_model(model, prompt_period=2, **ATTENTION_MODES[mode])
+    seen = {"query": 0, "key": 0}
+    build = DyLLMPolicy._build_maps
+
+    def counted(self, *args):
+        maps = build(self, *args)
+        seen["query"] += maps.query_range is not None
+        seen["key"] += maps.key_range is not None
+        return maps
+
+    monkeypatch.setattr(DyLLMPolicy, "_build_maps", counted)
+    fast = generate(model, ids, gen=gen, dyllm=dyllm)
+    assert seen["query"] > 0 and (seen["key"] > 0) == (not cache)  # a prefix cache interleaves the keys
+
+    def index_path(self, *args):
+        return dataclasses.replace(build(self, *args), query_range=None, key_range=None)
+
+    monkeypatch.setattr(DyLLMPolicy, "_build_maps", index_path)
+    slow = generate(model, ids, gen=gen, dyllm=dyllm)
+    assert torch.equal(fast.responses, slow.responses)
+    assert fast.stats.extra["dyllm"]["steps"] == slow.stats.extra["dyllm"]["steps"]
+    assert any(min(r["salient_fraction"]) < 1 for r in sparse_records(fast))
