@@ -104,7 +104,8 @@ def first_end_positions(window: torch.Tensor, end_ids: tuple[int, ...]) -> torch
 def read_to_host(tensors: list[torch.Tensor]) -> list[list[int]]:
     """Integer (or bool) device tensors as host int lists, in one read: flattened, concatenated
     and copied once (on CUDA through pinned memory, the only wait being the stream reaching it)."""
-    flat = torch.cat([t.reshape(-1).to(torch.int64) for t in tensors])
+    parts = [t.reshape(-1).to(torch.int64) for t in tensors]
+    flat = parts[0] if len(parts) == 1 else torch.cat(parts)
     if flat.is_cuda:
         host = torch.empty(flat.shape, dtype=torch.int64, pin_memory=True)
         host.copy_(flat, non_blocking=True)
@@ -340,11 +341,15 @@ class DecodeRun:
 
     def forward_and_sample(self, rows: list[int], step: int) -> bool:
         """The step's padded forward and its token choice as one graph unit, when the choice is
-        a function of the logits and the plan alone (LLaDA family, no random draw; no policy
-        runs the forward itself). False: not this step (the caller runs them apart)."""
+        a function of the logits and the plan alone (no random draw; no policy runs the forward
+        itself; Dream: :meth:`_dream_static_count`). False: not this step (the caller runs them
+        apart)."""
         g = self.gen
-        if (self.graphs.backend is None or self.rules.family != "llada" or g.temperature > 0
-                or g.remasking == "random" or any(p.runs_forwards for p in self.policies)):
+        if self.graphs.backend is None or any(p.runs_forwards for p in self.policies):
+            return False
+        if self.rules.family != "llada":
+            return self._dream_forward_and_sample(rows, step)
+        if g.temperature > 0 or g.remasking == "random":
             return False
         fwd = self.plan_padded(rows, step)
         plans = [self.plans[r] for r in rows]
@@ -557,6 +562,79 @@ class DecodeRun:
             return pad, None
         return pad, pad + self.width
 
+    def _dream_forward_and_sample(self, rows: list[int], step: int) -> bool:
+        """Dream's :meth:`forward_and_sample`: the forward and :meth:`_choose_dream` under one
+        key (the step's commit count decided on the host); the masks left are read at the step's
+        end as after an eager step."""
+        k = self._dream_static_count(rows, step)
+        if k is None:
+            return False
+        fwd = self.plan_padded(rows, step)
+        key = self.forward_key(fwd, "padded+dream", k)
+        if key is None:
+            logits = self.run_keyed(None, rows, lambda: self.compute_padded(fwd))
+            self.sample(rows, self.finish_forward(fwd, logits), step)
+            return True
+        with prange("forward"):
+            left = self.run_keyed(key, rows, lambda: self._choose_dream(rows, self.compute_padded(fwd), k))
+        for p in self.policies:  # a forward with a graph key leaves its logits to the engine (DecodePolicy)
+            p.after_forward(self, fwd)
+        self._masks_read = (rows, left, None)
+        self.window.masks.pending = True
+        return True
+
+    def _dream_counts(self, rows: list[int], step: int, per_row: list[int]) -> list[int]:
+        """Positions each row commits at ``step`` (Dream's rule), ``per_row`` its masks left."""
+        counts = []
+        for local, r in enumerate(rows):
+            plan = self.plans[r]
+            k = plan.counts[step]
+            if k is None:
+                t, s = plan.ts[step]
+                k = dream_count(per_row[local], t, s, plan.last[step])
+            counts.append(min(int(k), per_row[local]))
+        return counts
+
+    def _dream_static_count(self, rows: list[int], step: int) -> int | None:
+        """The one commit count of every row at ``step`` when Dream's choice of tokens is a
+        function of the logits and that count alone, with fixed shapes: greedy tokens (no
+        temperature, no ``alg_temp`` draw), ranked by confidence (not ``origin``), no threshold,
+        the same count for every row, and a ranking of the whole row (``tie_break="stable"``, or
+        a family that ranks every position); None otherwise (:meth:`_sample_dream` runs)."""
+        g = self.gen
+        if (g.temperature > 0 or g.alg == "origin" or g.threshold is not None
+                or (g.alg_temp is not None and g.alg_temp > 0)
+                or (g.tie_break != "stable" and self.rules.ranks_masked_only)):
+            return None
+        counts = set(self._dream_counts(rows, step, [self.window.masks.left(r) for r in rows]))
+        return counts.pop() if len(counts) == 1 else None
+
+    def _choose_dream(self, rows: list[int], logits: torch.Tensor, k: int) -> torch.Tensor:
+        """Commit Dream's ``k`` most confident masked positions of each row into ``self.tokens``
+        with fixed shapes (device work only: every position's token and confidence, the masked
+        ones ranked; what :meth:`_sample_dream` commits, bitwise, where
+        :meth:`_dream_static_count` allows). Returns each row's masks left (int64 ``[R]``)."""
+        g = self.gen
+        R, width = logits.shape[0], logits.shape[1]
+        index = self.row_index(rows)
+        masked = self.masked(rows, width)
+        window = self.tokens[index, :width]
+        kind = {"maskgit_plus": "prob", "topk_margin": "margin", "entropy": "neg_entropy"}[g.alg]
+        conf, x0 = dream_sample_tokens(logits.reshape(R * width, -1), temperature=0.0, top_p=g.top_p, top_k=g.top_k,
+                                       confidence=kind, rand=self.rand, item_counts=[width] * R, row_ids=rows)
+        if k > 0:
+            full_conf = torch.where(masked, conf.view(R, width).to(logits.dtype), NEG_INF)
+            candidate = torch.where(masked, x0.view(R, width), window)
+            if g.tie_break == "stable":
+                sel = torch.sort(full_conf, dim=1, descending=True, stable=True).indices[:, :k]
+            else:  # Dream ranks the whole [B, prompt + window] confidence matrix in one call
+                pad, _ = self.reference_layout(rows, width)
+                vec = torch.cat([full_conf.new_full((R, pad), NEG_INF), full_conf], dim=1) if pad else full_conf
+                sel = torch.topk(vec, k, dim=-1).indices - pad
+            window = window.scatter(1, sel, candidate.gather(1, sel))
+            self.tokens[index, :width] = window
+        return ((window == self.token_ids.mask) & self.window.live_mask(index, width)).sum(dim=1)
+
     def sample(self, rows: list[int], logits: torch.Tensor, step: int) -> None:
         if self.rules.family == "llada":
             self._sample_llada(rows, logits, step)
@@ -660,14 +738,7 @@ class DecodeRun:
         kind = {"maskgit_plus": "prob", "topk_margin": "margin", "entropy": "neg_entropy"}[g.alg]
         conf, x0 = dream_sample_tokens(mask_logits, temperature=g.temperature, top_p=g.top_p, top_k=g.top_k,
                                        confidence=kind, rand=self.rand, item_counts=per_row, row_ids=rows)
-        counts = []
-        for local, r in enumerate(rows):
-            plan = self.plans[r]
-            k = plan.counts[step]
-            if k is None:
-                t, s = plan.ts[step]
-                k = dream_count(per_row[local], t, s, plan.last[step])
-            counts.append(min(int(k), per_row[local]))
+        counts = self._dream_counts(rows, step, per_row)
         full_conf = torch.full(masked.shape, NEG_INF, dtype=logits.dtype, device=self.device)
         full_conf[item_rows, item_pos] = conf.to(logits.dtype)
         candidate = window.clone()

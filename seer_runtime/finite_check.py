@@ -43,6 +43,7 @@ class FiniteCheck:
         self.sums = torch.zeros(num_layers + 1, dtype=torch.float32, device=device)
         self._slots = self.sums.unbind(0)  # one view per slot, made once (fixed addresses)
         self.history = torch.empty(capacity, num_layers + 1, dtype=torch.float32, device=device)
+        self._history_rows = self.history.unbind(0)  # one view per row, made once per allocation
         self.steps: list[int] = []  # the step number of each history row
 
     def layer(self, layer: int, hidden: torch.Tensor) -> None:
@@ -59,7 +60,8 @@ class FiniteCheck:
             grown = self.history.new_empty(2 * row, self.history.shape[1])
             grown[:row].copy_(self.history)
             self.history = grown
-        self.history[row].copy_(self.sums)
+            self._history_rows = grown.unbind(0)
+        self._history_rows[row].copy_(self.sums)
         self.steps.append(step)
 
     def raise_if_found(self, output=None) -> None:

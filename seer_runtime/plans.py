@@ -15,6 +15,7 @@ A window shorter than ``gen_length`` (Seer's cut) keeps the configured tokens-pe
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -127,6 +128,15 @@ def llada_plan(stop: int, gen: GenerationConfig, *, start: int = 0, first_mask: 
     return plan
 
 
+@functools.lru_cache(maxsize=64)
+def _timestep_pairs(steps: int, eps: float) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
+    """Dream's ``(t, s)`` of each step of ``dream_timesteps(steps, eps)``, made once per schedule:
+    every request's plan shares these tensors (read only), so what a step derives from them is
+    computed once (``schedules.dream_count``)."""
+    timesteps = dream_timesteps(steps, eps)
+    return tuple((timesteps[i], timesteps[i + 1]) for i in range(steps))
+
+
 def dream_plan(window: int, gen: GenerationConfig, rules: DecodingRules, *, masks: int, start: int = 0,
                positions: int | None = None) -> StepPlan:
     """Dream's single global schedule over positions ``[start, window)`` holding ``masks`` masks.
@@ -138,7 +148,7 @@ def dream_plan(window: int, gen: GenerationConfig, rules: DecodingRules, *, mask
     if rules.lavida:
         steps = min(steps, gen.gen_length)
     # LaViDa-Dream builds its timesteps before step_ratio changes the step count, and keeps them
-    timesteps = dream_timesteps(steps, gen.eps)
+    schedule = steps
     if gen.step_ratio is not None:
         steps = int(gen.gen_length * gen.step_ratio)
     positions = window if positions is None else positions
@@ -146,14 +156,14 @@ def dream_plan(window: int, gen: GenerationConfig, rules: DecodingRules, *, mask
         steps = max(1, math.ceil(positions * steps / gen.gen_length))
     if steps < 1:
         raise ValueError("steps: the configuration leaves no denoising step")
-    if not rules.lavida or len(timesteps) < steps + 1:
-        timesteps = dream_timesteps(steps, gen.eps)
+    if not rules.lavida or schedule < steps:
+        schedule = steps
     if gen.schedule is not None and gen.alg != "origin":
         counts = scheduled_counts(masks, steps, gen.schedule, shift=gen.schedule_shift)
         counts = counts + [0] * (steps - len(counts))
     else:
         counts = [None] * steps
-    ts = [(timesteps[i], timesteps[i + 1]) for i in range(steps)]
+    ts = list(_timestep_pairs(schedule, gen.eps)[:steps])
     return StepPlan([start] * steps, [window] * steps, counts, ts, [i == steps - 1 for i in range(steps)])
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 SCHEDULES = ("uniform", "shift", "cosine", "logit_normal")
@@ -73,8 +74,29 @@ def dream_timesteps(steps: int, eps: float) -> torch.Tensor:
     return torch.linspace(1, eps, steps + 1)
 
 
+_TRANSFER_FACTORS: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, np.generic]] = {}
+
+
+def _transfer_factor(t: torch.Tensor, s: torch.Tensor) -> np.generic:
+    """``1 - s / t`` as a numpy scalar of its torch dtype, computed once per pair of tensors (the
+    plans of a schedule share theirs: ``plans._timestep_pairs``; an entry holds its tensors, so
+    their ids are not reused while it is kept)."""
+    key = (id(t), id(s))
+    hit = _TRANSFER_FACTORS.get(key)
+    if hit is not None and hit[0] is t and hit[1] is s:
+        return hit[2]
+    if len(_TRANSFER_FACTORS) >= 4096:
+        _TRANSFER_FACTORS.clear()
+    factor = (1 - s / t).numpy()[()]
+    _TRANSFER_FACTORS[key] = (t, s, factor)
+    return factor
+
+
 def dream_count(mask_count: int, t: torch.Tensor, s: torch.Tensor, last: bool) -> int:
-    """Dream's transfer count for one row: ``int(masks * (1 - s / t))``, everything at the last step."""
+    """Dream's transfer count for one row: ``int(masks * (1 - s / t))`` with ``masks`` a float32
+    tensor as Dream has it, everything at the last step. The product is taken in numpy scalars of
+    the same dtypes (IEEE arithmetic, the same promotion: the same bits), with no torch op per
+    row and step."""
     if last:
         return int(mask_count)
-    return int(torch.tensor(float(mask_count), dtype=torch.float32) * (1 - s / t))
+    return int(np.float32(mask_count) * _transfer_factor(t, s))

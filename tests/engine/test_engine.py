@@ -273,3 +273,20 @@ def test_statistics_and_outputs():
     window = torch.tensor([[1, 251, 2], [3, 4, 5], [252, 1, 1]])
     from seer_runtime.engine import first_end_positions
     assert first_end_positions(window, (251, 252)).tolist() == [1, -1, 0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_dream_count_is_dreams_float32_product(dtype):
+    """``dream_count`` takes Dream's ``int(masks * (1 - s / t))`` (masks a float32 tensor) in numpy
+    scalars: the same count as the torch expression for every mask count and step of several
+    schedules (float32 timesteps as Dream's linspace, and float64 ones)."""
+    from seer_runtime.schedules import dream_count, dream_timesteps
+
+    for steps, eps in [(1, 1e-3), (7, 1e-3), (32, 1e-3), (128, 1e-2), (256, 0.1)]:
+        ts = dream_timesteps(steps, eps).to(dtype)
+        for i in range(steps):
+            t, s = ts[i], ts[i + 1]
+            for masks in range(0, 260, 3):
+                expected = int(torch.tensor(float(masks), dtype=torch.float32) * (1 - s / t))
+                assert dream_count(masks, t, s, False) == expected, (steps, eps, i, masks)
+            assert dream_count(17, t, s, True) == 17

@@ -13,6 +13,7 @@ import torch
 
 from seer_kernels import emulate_device, kernel_backend
 from seer_runtime import generate
+from seer_runtime.plans import DecodingRules
 from seer_runtime.serving.graph_cache import FakeGraphBackend, RecordingGraphBackend
 from seer_runtime.step_graphs import ForwardGraphs, resolve_backend
 
@@ -111,3 +112,30 @@ def test_backend_choice():
         resolve_backend(object(), torch.device("cpu"))
     with pytest.raises(ValueError, match="max_graphs"):
         ForwardGraphs(None, max_graphs=0)
+
+
+@pytest.mark.parametrize("kind", ["dream-v0-instruct-7b", "lavida-dream"])
+def test_dream_steps_replay_their_token_choice_with_the_forward(kind):
+    """A greedy Dream step whose rows commit the same number of positions is one graph unit
+    (forward and token choice; ``DecodeRun._choose_dream``): same tokens as eager for every
+    ranking, tie-break and commit count. Where the choice needs a ranking per row (LaViDa-Dream
+    ranks the masked positions only, with ``torch.topk``'s ties) or a draw, it runs eagerly."""
+    model = tiny(kind)
+    base = modes(model)["baseline"][0]
+    for alg in ("entropy", "topk_margin", "maskgit_plus"):
+        for tie_break in ("stable", "reference"):
+            for steps in (base.gen_length, base.gen_length // 2):
+                gen = base.replace(alg=alg, tie_break=tie_break, steps=steps)
+                eager = _decode(model, gen, {}, None)
+                backend = RecordingGraphBackend()
+                graphed = _decode(model, gen, {}, backend)
+                where = f"{kind} {alg} {tie_break} steps={steps}"
+                assert torch.equal(eager.sequences, graphed.sequences), where
+                assert (eager.stats.nfe, eager.stats.steps) == (graphed.stats.nfe, graphed.stats.steps), where
+                units = [key for key in backend.captured if key[0] == "padded+dream"]
+                if tie_break == "reference" and DecodingRules.of(model).ranks_masked_only:
+                    assert not units, where
+                else:
+                    assert units and backend.replayed, where
+    sampled = _decode(model, base.replace(temperature=0.5), {}, backend := RecordingGraphBackend())
+    assert sampled.sequences.shape[0] and not [key for key in backend.captured if key[0] == "padded+dream"]
