@@ -51,13 +51,15 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, full_precision: bool) -> torch.Tensor:
-    """Rotate ``x [..., tokens, heads, d]`` with ``cos/sin [..., tokens, d]`` (broadcast over heads).
+    """Rotate ``x [..., tokens, heads, d]`` with ``cos/sin [..., tokens, d]`` (broadcast over heads),
+    or ``[..., tokens, 1, d]`` (already broadcastable: a layer unsqueezes once for q and k).
 
     full_precision=True (LLaDA, ``rope_full_precision``): rotate in fp32, cast back.
     full_precision=False (Dream): cast cos/sin to x's dtype and rotate in that dtype.
     """
-    cos = cos.unsqueeze(-2)
-    sin = sin.unsqueeze(-2)
+    if cos.dim() < x.dim():
+        cos = cos.unsqueeze(-2)
+        sin = sin.unsqueeze(-2)
     if full_precision:
         xf = x.float()
         return (xf * cos + rotate_half(xf) * sin).to(x.dtype)
@@ -158,6 +160,7 @@ def block_forward(
         raise ValueError("taps cannot be served on a layer that computes only some rows (taps.rows): "
                          "the MLP activation exists for those rows only")
     x_n = block.attn_norm(hidden)
+    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # [..., tokens, 1, d]: broadcast over heads, for q and k
     if rows is None:
         q, k, v = block.project_qkv(x_n)
         k = apply_rope(k, cos, sin, full_precision=rope_full_precision)
