@@ -13,8 +13,8 @@ Per mode:
 * ``ops/layer-step`` - ops dispatched inside the layer loop per layer;
 * ``ops/step`` - ops dispatched per step outside the layer loop;
 * with graphs (the recording backend: a CUDA graph's semantics on the CPU), ``host us/replayed
-  step``: a step's wall time minus the time its replay took, over the steps that replayed (the
-  host's own work per step once forwards replay; the replay itself is the GPU's).
+  step``: a step's wall time minus the time its replay took, median (p10-p90) over the steps that
+  replayed (the host's own work per step once forwards replay; the replay itself is the GPU's).
 
     .venv/bin/pytest bench/bench_host_overhead.py -m bench -s                      # the table
     .venv/bin/pytest bench/bench_host_overhead.py -m bench --benchmark-disable -s  # smoke (CI)
@@ -208,12 +208,23 @@ def measure(model, family: str, name: str, kw: dict, repeats: int) -> dict:
     return {"mode": name, "us_step": 1e6 * step_s,
             "us_layer_step": 1e6 * statistics.median(loops) / layers if loops else None,
             "us_replayed_step": 1e6 * statistics.median(replayed) if replayed else None,
+            "us_replayed_spread": _spread(replayed),
             "ops_layer_step": counted.ops["layers"] / max(1, counted.loops * layers),
             "ops_step": counted.ops["step"] / max(1, len(counted.step_s))}
 
 
-def _us(value) -> str:
-    return "" if value is None else f"{value:.0f}"
+def _spread(seconds: list[float]) -> tuple[float, float] | None:
+    """(p10, p90) in us of the replayed steps' host times (None: too few to say)."""
+    if len(seconds) < 10:
+        return None
+    deciles = statistics.quantiles(seconds, n=10)
+    return 1e6 * deciles[0], 1e6 * deciles[-1]
+
+
+def _us(value, spread=None) -> str:
+    if value is None:
+        return ""
+    return f"{value:.0f}" if spread is None else f"{value:.0f} ({spread[0]:.0f}-{spread[1]:.0f})"
 
 
 @pytest.mark.parametrize("family", ["llada", "dream"])
@@ -224,10 +235,11 @@ def test_host_overhead(benchmark, family):
     benchmark.pedantic(lambda: rows.extend(measure(model, family, n, kw, repeats) for n, kw in modes(family).items()),
                        rounds=1, iterations=1, warmup_rounds=0)
     print(f"\n[{family}] d_model 32, 3 layers, batch {BATCH}, prompt {PROMPT}, window {WINDOW} (CPU, the CUDA path)")
-    print("| mode | us/step | us/layer-step | host us/replayed step | ops/layer-step | ops/step outside the layers |")
+    print("| mode | us/step | us/layer-step | host us/replayed step (p10-p90) | ops/layer-step | "
+          "ops/step outside the layers |")
     print("|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['mode']} | {r['us_step']:.0f} | {_us(r['us_layer_step'])} | {_us(r['us_replayed_step'])} | "
+        print(f"| {r['mode']} | {r['us_step']:.0f} | {_us(r['us_layer_step'])} | {_us(r['us_replayed_step'], r['us_replayed_spread'])} | "
               f"{r['ops_layer_step']:.1f} | {r['ops_step']:.1f} |")
         assert r["us_step"] > 0
         if "graphs" in r["mode"] and "static" not in r["mode"]:
