@@ -104,7 +104,7 @@ def first_end_positions(window: torch.Tensor, end_ids: tuple[int, ...]) -> torch
 def read_to_host(tensors: list[torch.Tensor]) -> list[list[int]]:
     """Integer (or bool) device tensors as host int lists, in one read: flattened, concatenated
     and copied once (on CUDA through pinned memory, the only wait being the stream reaching it)."""
-    parts = [t.reshape(-1).to(torch.int64) for t in tensors]
+    parts = [t if t.dim() == 1 and t.dtype == torch.int64 else t.reshape(-1).to(torch.int64) for t in tensors]
     flat = parts[0] if len(parts) == 1 else torch.cat(parts)
     if flat.is_cuda:
         host = torch.empty(flat.shape, dtype=torch.int64, pin_memory=True)
