@@ -146,7 +146,7 @@ class LayerRows(Protocol):
     """Which rows of a packed forward ``[T, D]`` a layer computes, and how the others are filled.
 
     DyLLM's sparse steps hand one to the layer through :attr:`Taps.rows`. A row set is a
-    fixed-capacity index buffer (int64 ``[capacity]``, its first ``count`` entries live, the rest
+    fixed-capacity index buffer (int64 or int32 ``[capacity]``, its first ``count`` entries live, the rest
     any valid row) with ``count`` an int or an int32 ``[1]`` device tensor, so that nothing has to
     be read on the host. The block runs its own sub-steps in this order
     (``model_adapters.common.block_forward``):

@@ -127,10 +127,11 @@ class SparseMaps:
 
     Contiguous layouts (decided on the host): ``query_range`` ``(start, stop)`` when the queries'
     cache rows are ``query_cache = arange(start, stop)`` (consecutive requests, every fed position
-    real, the prompt fed or cached nowhere), and ``key_range`` likewise when the packed keys are
-    the cache rows ``arange(start, stop)`` in order (consecutive requests, every cached position
-    real, no prefix cache): the layers then read and write those cache rows as slices (views)
-    instead of gathering and scattering them. None otherwise."""
+    real, the prompt fed exactly where the caches hold it: ``cached_prompt == offset``), and
+    ``key_range`` likewise when the packed keys are the cache rows ``arange(start, stop)`` in
+    order (consecutive requests, every cached position real, no prefix cache): the layers then
+    read and write those cache rows as slices (views) instead of gathering and scattering them.
+    None otherwise."""
 
     num_queries: int
     query_src: torch.Tensor
@@ -161,7 +162,7 @@ class SparseMaps:
 class SparseForward:
     """One forward as DyLLM runs it: ``mode`` "full" (warm-up or rebuild), "prompt" (sparse,
     prompt fed) or "response" (sparse, window only). A sparse one holds its ``maps``, the current
-    gating set as a fixed-capacity row set (``gate`` int64 ``[num_queries]``, its first
+    gating set as a fixed-capacity row set (``gate`` int64 or int32 ``[num_queries]``, its first
     ``gate_count`` entries live, ``gate_count`` an int32 ``[1]`` device tensor: no host read) with
     ``gate_mask`` (bool ``[num_queries]``, the same set as a mask), each layer's gating and salient
     masks (``gate_masks``, ``salient_masks``: counted once after the layer loop, :meth:`DyLLMPolicy.account`)
@@ -325,6 +326,7 @@ class DyLLMPolicy(DecodePolicy):
     def release(self, run: DecodeRun) -> None:
         for caches in (self.keys, self.values, self.contexts, self.ffn_outputs):
             caches[:] = [None] * len(caches)
+        self._flat.clear()  # views hold the caches' memory too
         self._maps.clear()
         self.records, self.current = [], None
 

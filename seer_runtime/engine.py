@@ -613,16 +613,20 @@ class DecodeRun:
         """Commit Dream's ``k`` most confident masked positions of each row into ``self.tokens``
         with fixed shapes (device work only: every position's token and confidence, the masked
         ones ranked; what :meth:`_sample_dream` commits, bitwise, where
-        :meth:`_dream_static_count` allows). Returns each row's masks left (int64 ``[R]``)."""
+        :meth:`_dream_static_count` allows: every op works per row). Scoring every position
+        rather than the masked ones costs ``R x width`` rows of the vocabulary each step where
+        the eager path's cost shrinks with the masks left. Returns each row's masks left (int64
+        ``[R]``)."""
         g = self.gen
         R, width = logits.shape[0], logits.shape[1]
         index = self.row_index(rows)
-        masked = self.masked(rows, width)
         window = self.tokens[index, :width]
-        kind = {"maskgit_plus": "prob", "topk_margin": "margin", "entropy": "neg_entropy"}[g.alg]
-        conf, x0 = dream_sample_tokens(logits.reshape(R * width, -1), temperature=0.0, top_p=g.top_p, top_k=g.top_k,
-                                       confidence=kind, rand=self.rand, item_counts=[width] * R, row_ids=rows)
         if k > 0:
+            masked = self.masked(rows, width)
+            kind = {"maskgit_plus": "prob", "topk_margin": "margin", "entropy": "neg_entropy"}[g.alg]
+            conf, x0 = dream_sample_tokens(logits.reshape(R * width, -1), temperature=0.0, top_p=g.top_p,
+                                           top_k=g.top_k, confidence=kind, rand=self.rand, item_counts=[width] * R,
+                                           row_ids=rows)
             full_conf = torch.where(masked, conf.view(R, width).to(logits.dtype), NEG_INF)
             candidate = torch.where(masked, x0.view(R, width), window)
             if g.tie_break == "stable":
