@@ -1,19 +1,27 @@
-"""``seer demo`` (what ``make demo`` runs): baseline vs Seer on the embedded DMLLM, batched.
+"""``seer demo`` (what ``make demo`` runs): baseline vs Seer (and DyLLM) on an embedded model, batched.
 
-On held-out requests to the embedded LaViDa-LLaDA model, every batch is decoded by the
-baseline and by Seer with each probe (the sparsity probe of the paper, the step-0 end
-probability, and both combined), interleaved batch by batch so that all see the same machine
-load. One table, the same figures as JSON with ``--json``, and a PNG of the step-0 sparsity
-profiles with the detected boundary and the true end (``--plot``).
+``--workload`` picks the embedded model: ``demo`` (the default: the LaViDa-LLaDA DMLLM with
+short answers in a 32-position window) or ``arith`` (a text-only LLaDA answering arithmetic word
+problems with worked solutions of 20-120 tokens in a 128-position window decoded in blocks of
+32). On held-out requests, every batch is decoded by each configuration of :func:`demo_rows`
+(the baseline; Seer with each probe: the paper's sparsity probe, the step-0 end probability,
+both combined; on workloads that ask for it, DyLLM with its calibrated configuration and Seer +
+DyLLM), interleaved batch by batch so that all see the same machine load. One table, the same
+figures as JSON with ``--json``, and a PNG of the step-0 sparsity profiles with the detected
+boundary and the true end (``--plot``).
 
 Figures (per configuration): ``tok_per_s`` (valid answer tokens per second of wall time),
 ``latency_s`` (mean request latency = its batch's wall time), ``nfe`` (forward passes per
-batch, mean), ``tokens_computed`` (positions x layers, summed), ``exact_match`` (answer ==
-reference), and for Seer: ``speedup`` (tok/s over the baseline's), ``ideal_speedup``
-(baseline over Seer tokens computed), ``boundary_mae`` (|predicted end - baseline's end|),
-``over_truncation_rate`` (the first cut fell before the baseline's end token), ``recovered``
-(of those, answers equal to the baseline's after the guard), ``lost_answers`` (over-truncated
-and not equal to the baseline's answer), ``differs_from_baseline`` (any answer difference).
+batch, mean), ``tokens_computed`` (positions x layers, summed), ``exact_match`` (the workload's
+score: the whole answer equals the reference on ``demo``; the final ``answer N`` on ``arith``,
+as GSM8K is scored, which also reports ``steps_right``, the share of answers whose every
+arithmetic step is right), ``answer_tokens`` (mean answer length), and for every configuration
+but the baseline: ``speedup`` (tok/s over the baseline's), ``ideal_speedup`` (baseline over its
+tokens computed; with DyLLM also times its dense over sparse multiply-accumulates),
+``differs_from_baseline`` (any answer difference); with Seer: ``boundary_mae`` (|predicted end -
+baseline's end|), ``over_truncation_rate`` (the first cut fell before the baseline's end token),
+``recovered`` (of those, answers equal to the baseline's after the guard), ``lost_answers``
+(over-truncated and not equal to the baseline's answer).
 """
 
 from __future__ import annotations
@@ -21,39 +29,70 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
+from ..calibration.dyllm import ideal_speedup as dyllm_ideal_speedup
 from ..calibration.seer import plot_profiles, step0_profiles
+from ..config import GenerationConfig
+from ..dyllm import DyLLMConfig
 from ..evaluate import RunResult, boundary_mae, run_requests
-from .options import model_services
+from ..seer import SeerConfig
+from .options import EMBEDDED_WORKLOADS, model_services
 
-# 192, not 96: one answer is 1.04 points of 96, so "exact match within one point of the
-# baseline" could not be read at 96 requests (a single changed answer already misses it)
-DEFAULT_REQUESTS = 192
-DEFAULT_BATCH = 16
+SEER_PROBES = ("sparsity", "eos_prob", "both")
 
 
-def _figures(res: RunResult, requests, base: RunResult | None, window: int) -> dict:
+@dataclass(frozen=True)
+class DemoRow:
+    """One configuration of the demo table: the policies it composes and, when set, the
+    generation config it decodes with instead of the workload's (None: off / the workload's)."""
+
+    seer: SeerConfig | None = None
+    dyllm: DyLLMConfig | None = None
+    gen: GenerationConfig | None = None
+
+
+def demo_rows(seer: SeerConfig, dyllm: DyLLMConfig | None = None) -> dict[str, DemoRow]:
+    """The demo's configurations, in table order: the baseline, Seer with each probe (``seer``'s
+    settings, its probe replaced), then, with ``dyllm``, DyLLM alone and Seer (``seer`` as
+    calibrated) + DyLLM. A further configuration is one entry (for a commit rule of the
+    generation config: ``DemoRow(gen=replace(gen, <field>=...))``)."""
+    rows = {"baseline": DemoRow()}
+    for probe in SEER_PROBES:
+        rows[f"seer:{probe}"] = DemoRow(seer=replace(seer, probe=probe))
+    if dyllm is not None:
+        rows["dyllm"] = DemoRow(dyllm=dyllm)
+        rows[f"seer:{seer.probe}+dyllm"] = DemoRow(seer=seer, dyllm=dyllm)
+    return rows
+
+
+def _figures(res: RunResult, requests, base: RunResult | None, window: int, score) -> dict:
+    """One configuration's figures (module docstring); ``score(answers) -> dict`` is the workload's."""
     out = {
         "tok_per_s": res.tok_per_s,
         "latency_s": res.latency_s,
         "nfe": sum(res.nfe) / len(res.nfe),
         "tokens_computed": res.tokens_computed,
-        "exact_match": res.exact_match(requests),
+        **score(res.answers),
         "wall_s": res.wall_s,
     }
-    if base is None or not res.seer:
+    if base is None:
+        return out
+    same = [a == b for a, b in zip(res.answers, base.answers)]
+    ideal = base.tokens_computed / max(1, res.tokens_computed)
+    if res.dyllm:
+        ideal *= dyllm_ideal_speedup(res.dyllm)
+    out.update(speedup=res.tok_per_s / base.tok_per_s if base.tok_per_s else 0.0, ideal_speedup=ideal,
+               differs_from_baseline=sum(not s for s in same))
+    if not res.seer:
         return out
     true_end = [e if e >= 0 else window for e in base.end_positions]
     keep = res.seer["keep_len"]
     over = [k < min(t + 1, window) for k, t in zip(keep, true_end)]
-    same = [a == b for a, b in zip(res.answers, base.answers)]
     out.update(
-        speedup=res.tok_per_s / base.tok_per_s if base.tok_per_s else 0.0,
-        ideal_speedup=base.tokens_computed / max(1, res.tokens_computed),
         boundary_mae=boundary_mae(res.seer["boundary"], true_end, window),
         exact_boundary=sum((b if b is not None else window) == t for b, t in zip(res.seer["boundary"], true_end))
         / len(true_end),
@@ -63,23 +102,22 @@ def _figures(res: RunResult, requests, base: RunResult | None, window: int) -> d
         premature_cuts=sum(res.seer["premature_cuts"]),
         recovered=sum(o and s for o, s in zip(over, same)),
         lost_answers=sum(o and not s for o, s in zip(over, same)),
-        differs_from_baseline=sum(not s for s in same),
         mean_keep_len=sum(keep) / len(keep),
     )
     return out
 
 
-def run_demo(model, requests, gen, configs: dict, *, batch_size: int, progress: bool = True) -> dict:
-    """Decode ``requests`` with the baseline and every Seer config, interleaved per batch."""
+def run_demo(model, requests, gen, rows: dict[str, DemoRow], *, batch_size: int, progress: bool = True) -> dict:
+    """Decode ``requests`` with every row of ``rows`` (:func:`demo_rows`), interleaved per batch."""
     from tqdm.auto import tqdm
 
-    names = ["baseline", *configs]
-    results = {name: RunResult() for name in names}
-    bar = tqdm(total=len(requests) * len(names), desc="demo", unit="req", disable=not progress, file=sys.stderr)
+    results = {name: RunResult() for name in rows}
+    bar = tqdm(total=len(requests) * len(rows), desc="demo", unit="req", disable=not progress, file=sys.stderr)
     for start in range(0, len(requests), batch_size):
         batch = requests[start: start + batch_size]
-        for name in names:
-            part = run_requests(model, batch, gen, seer=configs.get(name), batch_size=batch_size, progress=bar)
+        for name, row in rows.items():
+            part = run_requests(model, batch, row.gen or gen, seer=row.seer, dyllm=row.dyllm, batch_size=batch_size,
+                                progress=bar)
             results[name].extend(part)
     bar.close()
     return results
@@ -100,44 +138,56 @@ def format_table(figures: dict) -> str:
 
 
 def add_parsers(sub) -> None:
-    p = sub.add_parser("demo", help="baseline vs Seer on the embedded model (what `make demo` runs)")
-    p.add_argument("--requests", type=int, default=None, help="held-out requests (default: the demo's)")
-    p.add_argument("--batch-size", type=int, default=None, help="requests per batch (default: the demo's)")
+    p = sub.add_parser("demo", help="baseline vs Seer (and DyLLM) on an embedded model (what `make demo` runs)")
+    p.add_argument("--workload", default="demo", choices=EMBEDDED_WORKLOADS,
+                   help="the embedded model: demo (short answers, the default) or arith (word problems with long, "
+                        "uncertain worked solutions)")
+    p.add_argument("--requests", type=int, default=None, help="held-out requests (default: the workload's)")
+    p.add_argument("--batch-size", type=int, default=None, help="requests per batch (default: the workload's)")
     p.add_argument("--json", default=None, help="write the figures as JSON to this path")
     p.add_argument("--plot", default=None, help="write the step-0 sparsity plot (PNG) to this path")
-    p.add_argument("--model", default=None, help="a model directory instead of the embedded model")
+    p.add_argument("--model", default=None, help="a model directory the trainer wrote for this workload")
     p.set_defaults(func=main)
+
+
+def _positive(value, name: str, default: int) -> int:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"--{name} must be an int >= 1, got {value!r}")
+    return value
 
 
 def main(args) -> int:
     torch.set_num_threads(max(1, torch.get_num_threads()))
     svc = model_services()
-    emb = svc.embedded()
+    emb = svc.embedded(args.workload)
+    n = _positive(args.requests, "requests", emb.DEMO_REQUESTS)
+    bs = _positive(args.batch_size, "batch-size", emb.DEMO_BATCH)
     t0 = time.perf_counter()
     model, tokenizer = emb.load_embedded(path=args.model) if args.model else emb.load_embedded()
-    n = args.requests or DEFAULT_REQUESTS
-    bs = args.batch_size or DEFAULT_BATCH
     requests, _tasks = emb.demo_requests(n, tokenizer)
     gen = emb.demo_generation_config()
     default = emb.default_seer_config()
-    configs = {
-        "seer:sparsity": replace(default, probe="sparsity"),
-        "seer:eos_prob": replace(default, probe="eos_prob"),
-        "seer:both": replace(default, probe="both"),
-    }
+    rows = demo_rows(default, emb.default_dyllm_config() if emb.DEMO_DYLLM else None)
     recommended = f"seer:{default.probe}"
-    print(f"embedded LaViDa-LLaDA ({sum(p.numel() for p in model.parameters()):,} parameters), {n} held-out requests, "
-          f"batch {bs}, window {gen.gen_length}, {torch.get_num_threads()} threads", file=sys.stderr)
-    results = run_demo(model, requests, gen, configs, batch_size=bs)
+    print(f"embedded {args.workload} model: {emb.DESCRIPTION}; {sum(p.numel() for p in model.parameters()):,} "
+          f"parameters, {n} held-out requests, batch {bs}, window {gen.gen_length}, {torch.get_num_threads()} threads",
+          file=sys.stderr)
+    results = run_demo(model, requests, gen, rows, batch_size=bs)
     base = results["baseline"]
-    figures = {name: _figures(res, requests, None if name == "baseline" else base, gen.gen_length)
+
+    def score(answers):
+        return emb.answer_figures(requests, answers, tokenizer)
+
+    figures = {name: _figures(res, requests, None if name == "baseline" else base, gen.gen_length, score)
                for name, res in results.items()}
     print(format_table(figures))
     rec = figures[recommended]
     print(f"\nrecommended: {recommended} ({default}); speed-up x{rec['speedup']:.2f} measured vs "
           f"x{rec['ideal_speedup']:.2f} ideal (tokens computed); exact match {rec['exact_match']:.3f} vs baseline "
           f"{figures['baseline']['exact_match']:.3f}")
-    plot = args.plot or "out/seer_demo_sparsity.png"
+    plot = args.plot or f"out/seer_demo_sparsity{'' if args.workload == 'demo' else '_' + args.workload}.png"
     Path(plot).parent.mkdir(parents=True, exist_ok=True)
     try:
         prof = step0_profiles(model, requests[:16], gen, layers=list(range(1, min(model.num_layers, 7))))
@@ -147,9 +197,11 @@ def main(args) -> int:
     except ImportError:
         print("matplotlib is not installed: no plot (pip install -e '.[plot]')", file=sys.stderr)
     payload = {
+        "workload": args.workload,
         "requests": n,
         "batch_size": bs,
         "window": gen.gen_length,
+        "block_length": gen.block_length or gen.gen_length,
         "baseline": figures["baseline"],
         "seer": {**rec, "config": recommended},
         "speedup": rec["speedup"],
@@ -158,7 +210,9 @@ def main(args) -> int:
         "over_truncation_rate": rec["over_truncation_rate"],
         "recovered": rec["recovered"],
         "lost_answers": rec["lost_answers"],
-        "probes": {name.split(":", 1)[1]: f for name, f in figures.items() if name != "baseline"},
+        "probes": {name.split(":", 1)[1]: f for name, f in figures.items()
+                   if name.startswith("seer:") and rows[name].dyllm is None},
+        "configs": figures,
         "seconds": time.perf_counter() - t0,
     }
     if args.json:

@@ -18,6 +18,9 @@ from ..dyllm import DyLLMConfig
 from ..evaluate import read_requests_jsonl
 from ..seer import SeerConfig
 
+#: the embedded models ``--workload`` names (the model layer's ``embedded(workload)`` serves each)
+EMBEDDED_WORKLOADS = ("demo", "arith")
+
 #: --dtype choices -> torch dtypes (None: the checkpoint's own)
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, None: None}
 
@@ -86,6 +89,8 @@ def add_calibration_inputs(p: argparse.ArgumentParser) -> None:
     """The options both calibrate commands read their requests with (:func:`load_calibration_inputs`)."""
     p.add_argument("--model", default=None,
                    help="a local checkpoint with its tokenizer.json (default: the embedded model); needs --data")
+    p.add_argument("--workload", default="demo", choices=EMBEDDED_WORKLOADS,
+                   help="without --model: which embedded model and calibration split (default: the demo model)")
     p.add_argument("--data", default=None,
                    help="JSONL, one request per line: question, optional image (path relative to the file), "
                         "optional answer (default: the embedded model's calibration split)")
@@ -95,9 +100,10 @@ def add_calibration_inputs(p: argparse.ArgumentParser) -> None:
 
 
 def load_calibration_inputs(args):
-    """(model, requests, generation config) from the calibrate commands' options: ``--model``
-    with ``--data`` (a real checkpoint, its tokenizer and generation options), or the embedded
-    model with its calibration split (or ``--data``)."""
+    """(model, requests, generation config, score) from the calibrate commands' options:
+    ``--model`` with ``--data`` (a real checkpoint, its tokenizer and generation options; score
+    None: exact match), or the embedded model ``--workload`` names with its calibration split (or
+    ``--data``) and its own score (``answer_figures``: the final answer on ``arith``)."""
     svc = model_services()
     if args.model:  # a real checkpoint: its own tokenizer, image processor and generation options
         if not args.data:
@@ -109,8 +115,8 @@ def load_calibration_inputs(args):
             encode_answer=lambda text: tok.tokenizer.encode(text, add_special_tokens=False).ids,
             load_image=lambda p: svc.load_image(model, p))
         gen = generation_config(args)
-    else:
-        emb = svc.embedded()
-        model, _ = emb.load_embedded()
-        requests, gen = emb.calibration_requests(args.data, n=args.requests, model=model)
-    return model, requests, gen
+        return model, requests, gen, None
+    emb = svc.embedded(args.workload)
+    model, tokenizer = emb.load_embedded()
+    requests, gen = emb.calibration_requests(args.data, n=args.requests, model=model)
+    return model, requests, gen, lambda reqs, answers: emb.answer_figures(reqs, answers, tokenizer)["exact_match"]
