@@ -1,6 +1,12 @@
 """Train the embedded demo model: a small LaViDa-LLaDA on the procedural tasks of ``tasks.py``.
 
     python -m model_adapters.embedded.train [--minutes 60] [--seed 0] [--out DIR]
+    python -m model_adapters.embedded.train --workload arith ...
+
+``--workload`` chooses the model (:data:`WORKLOADS`): ``demo`` (this docstring's DMLLM, the
+default) or ``arith``, a text-only LLaDA on the word problems of ``arith/tasks.py`` (window 128,
+decoded in blocks of 32 at its held-out checks, scored by the final answer); the same recipe,
+without the vision options.
 
 Recipe (LLaDA SFT, ``reference/MODELS.md`` §1.7; LaViDa §4.4-4.5):
 
@@ -515,8 +521,8 @@ class Workload:
     next_batch(k)``; heldout: ``n -> held-out requests`` (seed ``heldout_seed``); generation:
     ``() -> GenerationConfig`` of the held-out decoding (None: :func:`decode_requests`'s
     default); score: ``(tok, reqs, out) -> bools`` (None: :func:`exact_matches`);
-    multimodal: whether the model has the vision path (the ``--vision-*``, ``--freeze-projector``,
-    ``--image-focus`` and ``--drill`` options need it).
+    multimodal: whether the model has the vision path (the ``--vision-*``, ``--align-steps``,
+    ``--freeze-projector``, ``--train-vision`` and ``--image-focus`` options need it).
     """
 
     name: str
@@ -561,7 +567,7 @@ def _arith_workload() -> Workload:
         name="arith", out_dir=ARITH_DIR, window=ARITH_WINDOW, words=arith_tasks.vocabulary_words,
         model_config=lambda tok, a: text_model_config(tok, window=ARITH_WINDOW, d_model=a.d_model, n_layers=a.layers,
                                                       n_heads=a.heads, mlp_hidden=a.mlp),
-        stream=lambda a: arith_tasks.RequestStream(a.seed),
+        stream=lambda a: arith_tasks.RequestStream(a.seed, drill=a.drill),
         heldout=lambda n: arith_tasks.make_requests(n, "heldout"), heldout_seed=arith_tasks.HELDOUT_SEED,
         generation=demo_generation_config, score=final_answer_matches)
 
@@ -614,7 +620,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--image-focus", type=float, default=0.0,
                    help="fraction of each batch drawn from the image families only (a reading phase)")
     p.add_argument("--drill", type=float, default=0.0,
-                   help="fraction of each batch drawn as reading drills (tasks.make_drill; training only)")
+                   help="fraction of each batch drawn as drills (training only): reading drills for the demo model "
+                        "(tasks.make_drill), arithmetic drills for arith (arith/tasks.make_drill)")
     p.add_argument("--vision-steps", type=int, default=0,
                    help="stage-0 steps of the vision tower alone, then a refit projector and a frozen tower "
                         "(fresh models only, not with --init-from; 0: none)")
@@ -655,7 +662,7 @@ def main(argv=None) -> dict:
         raise ValueError("--align-steps needs --vision-steps (the alignment follows the vision stage)")
     wl = WORKLOADS[args.workload]()
     if not wl.multimodal:
-        used = [f"--{k.replace('_', '-')}" for k in ("vision_steps", "align_steps", "image_focus", "drill")
+        used = [f"--{k.replace('_', '-')}" for k in ("vision_steps", "align_steps", "image_focus")
                 if getattr(args, k)] + [f"--{k.replace('_', '-')}" for k in ("freeze_projector", "train_vision")
                                         if getattr(args, k)]
         if used:

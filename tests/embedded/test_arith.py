@@ -85,19 +85,41 @@ def test_checker_reads_every_wording_and_catches_a_wrong_step():
         check_solution(None)
 
 
+def test_drills_are_training_only_and_work_out_their_prompt():
+    """An arithmetic drill's answer works out, in order, exactly the facts its prompt lists; a
+    stream without drills draws what the training split draws; no held-out request is a drill."""
+    rng = np.random.default_rng(3)
+    words = set(tasks.vocabulary_words())
+    for _ in range(50):
+        d = tasks.make_drill(rng)
+        listed = d.question.removeprefix("practice : ").removesuffix(" .").split(" , ")
+        got = check_solution(d.answer)
+        assert got.steps_right and len(got.steps) == len(listed) and 8 <= len(listed) <= 14
+        op = {"+": "plus", "-": "minus", "*": "times"}
+        assert [f"{a} {op[o]} {b}" for a, o, b, _ in got.steps] == listed
+        assert set((d.question + " " + d.answer).split()) <= words and d.answer_tokens <= tasks.MAX_ANSWER_TOKENS
+    plain = [r.question for r in tasks.RequestStream(5).next_batch(30)]
+    assert plain == [r.question for r in make_requests(30, "train", seed=5)]
+    mixed = tasks.RequestStream(5, drill=0.5).next_batch(60)
+    assert 10 < sum(r.kind == "drill" for r in mixed) < 50
+    assert not any(r.kind == "drill" for r in make_requests(300, "heldout"))
+    with pytest.raises(ValueError, match="drill must be a probability"):
+        tasks.RequestStream(0, drill=1.5)
+
+
 def test_trainer_runs_the_text_workload_and_refuses_vision_options(tmp_path):
     from model_adapters.embedded.train import main
 
     tiny = ["--workload", "arith", "--d-model", "32", "--layers", "1", "--heads", "2", "--mlp", "32", "--batch-size",
             "2", "--eval-every", "2", "--eval-requests", "2", "--eval-decode", "1", "--final-eval-requests", "1",
             "--save-dtype", "float32", "--device", "cpu"]
-    log = main([*tiny, "--steps", "2", "--window-cut", "0.5", "--out", str(tmp_path / "m")])
+    log = main([*tiny, "--steps", "2", "--window-cut", "0.5", "--drill", "0.5", "--out", str(tmp_path / "m")])
     cfg = json.loads((tmp_path / "m" / "config.json").read_text())
     assert log["workload"] == "arith" and log["window"] == RESPONSE_WINDOW and cfg["model_type"] == "llada"
     assert "mm_vision_tower" not in cfg and cfg["response_window"] == RESPONSE_WINDOW
     gen = json.loads((tmp_path / "m" / "generation.json").read_text())
     assert gen["gen_length"] == RESPONSE_WINDOW and gen["block_length"] == BLOCK_LENGTH
-    for flag in (["--vision-steps", "2"], ["--drill", "0.1"], ["--freeze-projector"]):
+    for flag in (["--vision-steps", "2"], ["--image-focus", "0.1"], ["--freeze-projector"]):
         with pytest.raises(ValueError, match="text only"):
             main([*tiny, "--steps", "1", *flag, "--out", str(tmp_path / "x")])
 

@@ -31,11 +31,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-MAX_VALUE = 60  # every quantity, product and running amount stays in 0..MAX_VALUE
-START_RANGE = (5, 40)
-CHANGE_RANGE = (1, 15)
-GROUP_COUNTS = (2, 3, 4, 5)
-GROUP_SIZES = (2, 3, 4, 5, 6, 7, 8, 9, 10)
+from ..tasks import split_rng
+
+# Every quantity, product and running amount stays in 0..MAX_VALUE: about 500 addition,
+# subtraction and multiplication facts. With 0..60 and changes up to 15 (about 1800 facts) a
+# 2.7M-parameter model had learnt the story's structure after 1500 steps of batch 32 (the operand
+# from the story 82% right, the previous result copied 48%) but only 17% of the results.
+MAX_VALUE = 30
+START_RANGE = (5, 20)
+CHANGE_RANGE = (1, 9)
+GROUP_COUNTS = (2, 3, 4)
+GROUP_SIZES = (2, 3, 4, 5)
 MIN_STEPS, MAX_STEPS = 2, 6
 MIN_ANSWER_TOKENS, MAX_ANSWER_TOKENS = 20, 120
 TRAIN_SEED = 0
@@ -62,7 +68,7 @@ OTHER_WORDS = ["has", "starts", "with", "owns", "buys", "more", "finds", "gives"
                "sells", "uses", "of", "in", "each", "how", "many", "does", "have", "now", "at", "the", "end", "then",
                "after", "that", "away", "so", "left", "first", "plus", "minus", "times", "is", "equals", "adding",
                "taking", "leaves", "groups", "make", "answer", "all", "together", "she", "he", "her", "him",
-               ".", ",", "?", "+", "-", "=", "x", "user", "assistant", "system"]
+               ".", ",", "?", "+", "-", "=", "x", "user", "assistant", "system", "practice", ":"]
 
 
 def vocabulary_words() -> list[str]:
@@ -266,25 +272,60 @@ def make_requests(n: int, split: str = "heldout", seed: int | None = None) -> li
 
     ``seed`` overrides the split's seed (:data:`TRAIN_SEED` / :data:`HELDOUT_SEED`).
     """
-    if split not in ("train", "heldout"):
-        raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise ValueError(f"n must be an int >= 0, got {n!r}")
-    if seed is None:
-        seed = TRAIN_SEED if split == "train" else HELDOUT_SEED
-    rng = np.random.default_rng([seed, 0 if split == "train" else 1])
+    rng = split_rng(split, n, seed, train_seed=TRAIN_SEED, heldout_seed=HELDOUT_SEED)
     return [make_request(rng) for _ in range(n)]
+
+
+def make_drill(rng: np.random.Generator) -> ArithRequest:
+    """A training-only arithmetic drill: the prompt lists 8-14 facts to work out ("practice : 5
+    plus 3 , 12 minus 4 , 2 times 3 ."), the answer works each out in the solutions' wordings.
+
+    Why: in a word problem a result is a clean example of its fact only when it is masked and
+    both operands are not (probability t (1 - t)^2, 1/12 on average over LLaDA's t ~ U(0, 1));
+    here the operands sit in the prompt, which is never masked, so every masked result is one.
+    A 2.7M-parameter model trained on word problems alone got 31% of the results right after
+    1500 steps (teacher-forced), with the story's structure already learnt. Not in any split.
+    """
+    facts, shown = [], []
+    for _ in range(int(rng.integers(8, 15))):
+        u = rng.random()
+        if u < 0.12:
+            m, k = int(_pick(rng, GROUP_COUNTS)), int(_pick(rng, GROUP_SIZES))
+            shown.append(f"{m} times {k}")
+            facts.append(_pick(rng, TIMES_FORMS).format(m=m, k=k, p=m * k))
+            continue
+        k = int(rng.integers(CHANGE_RANGE[0], CHANGE_RANGE[1] + 1))
+        if u < 0.56:
+            x = int(rng.integers(0, MAX_VALUE - k + 1))
+            shown.append(f"{x} plus {k}")
+            facts.append(_pick(rng, PLUS_FORMS).format(x=x, k=k, y=x + k))
+        else:
+            x = int(rng.integers(k, MAX_VALUE + 1))
+            shown.append(f"{x} minus {k}")
+            facts.append(_pick(rng, MINUS_FORMS).format(x=x, k=k, y=x - k))
+    answer = " ".join(facts)
+    last = check_solution(answer).steps[-1]
+    return ArithRequest("drill", "practice : " + " , ".join(shown) + " .", answer, last[3], 0, [])
 
 
 class RequestStream:
     """An endless deterministic stream of training requests (``next_batch(k)``), as the trainer
-    reads the demo model's (the keyword options of that stream do not apply here)."""
+    reads the demo model's: ``drill`` is the probability of an arithmetic drill
+    (:func:`make_drill`) instead of a word problem."""
 
-    def __init__(self, seed: int):
+    def __init__(self, seed: int, *, drill: float = 0.0):
+        if not 0.0 <= drill <= 1.0:
+            raise ValueError(f"drill must be a probability in [0, 1], got {drill!r}")
         self.rng = np.random.default_rng([seed, 0])
+        self.drill = drill
+
+    def _one(self) -> ArithRequest:
+        if self.drill and self.rng.random() < self.drill:
+            return make_drill(self.rng)
+        return make_request(self.rng)
 
     def next_batch(self, k: int) -> list[ArithRequest]:
-        return [make_request(self.rng) for _ in range(k)]
+        return [self._one() for _ in range(k)]
 
 
 # ------------------------------------------------------------------------------------ checking
