@@ -211,6 +211,11 @@ def calibrate(model, requests: list[Request], gen: GenerationConfig, *, lam: flo
         raise ValueError(f"rank_by must be 'tokens' or 'wall', got {rank_by!r}")
     if guard_mode not in ("extend", "redecode"):
         raise ValueError(f"guard_mode must be 'extend' or 'redecode', got {guard_mode!r}")
+    if not eos_thresholds:
+        raise ValueError("eos_thresholds must not be empty")
+    for t in eos_thresholds:
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t <= 1:
+            raise ValueError(f"eos_thresholds must hold numbers in (0, 1], got {t!r}")
     from tqdm.auto import tqdm
 
     n_layers = model.num_layers
@@ -222,9 +227,6 @@ def calibrate(model, requests: list[Request], gen: GenerationConfig, *, lam: flo
     base = run_requests(model, requests, gen, batch_size=batch_size, progress=bar)
     bar.close()
     true_end = [e if e >= 0 else W for e in base.end_positions]
-    for t in eos_thresholds:
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t <= 1:
-            raise ValueError(f"eos_thresholds must hold numbers in (0, 1], got {t!r}")
     score = score or exact_match
     base_acc = score(requests, base.answers)
     if math.isnan(base_acc):  # no references: agreement with the baseline is the accuracy (on copies)

@@ -219,3 +219,29 @@ def test_demo_with_the_arith_workload_writes_its_figures(tmp_path):
         assert probe["tokens_computed"] <= fig["baseline"]["tokens_computed"]
         assert probe["recovered"] + probe["lost_answers"] == probe["over_truncated"]
     assert (tmp_path / "profiles.png").stat().st_size > 0
+
+
+@pytest.mark.usefixtures("reference_kernels")
+def test_calibrate_simulates_each_eos_threshold_and_verifies_the_best(tmp_path, capsys):
+    """``seer calibrate --eos-thresholds``: each threshold of the end-probability probe is
+    simulated from the step-0 profiles and the best one by simulated U is the one decoded."""
+    from seer_runtime.calibration.seer import Profiles, simulate_eos
+    from seer_runtime.cli import main
+    from tests.cli.test_cli import checkpoint_and_requests
+
+    end_prob = torch.tensor([[0.1, 0.6, 0.95, 1.0], [0.0, 0.2, 0.4, 0.8], [0.0, 0.0, 0.0, 0.0]])
+    prof = Profiles(torch.zeros(1, 1, 3, 4), torch.zeros(1, 1), torch.zeros(1), end_prob, [1], (0.1,))
+    assert simulate_eos(prof, 0.5, window=4) == [2, 4, 4] and simulate_eos(prof, 0.9, window=4) == [3, 4, 4]
+    ckpt, data = checkpoint_and_requests(tmp_path, 6)
+    out = tmp_path / "seer.json"
+    args = ["calibrate", "--model", str(ckpt), "--data", str(data), "--out", str(out), "--gen-length", "8",
+            "--steps", "8", "--block-length", "8"]
+    assert main([*args, "--eos-thresholds", "0.5", "0.9", "0.99"]) == 0, capsys.readouterr().err
+    record = json.loads(out.read_text())["calibration"]
+    sims = record["eos_thresholds"]
+    assert sorted(s["threshold"] for s in sims) == [0.5, 0.9, 0.99]
+    assert [s["U"] for s in sims] == sorted((s["U"] for s in sims), reverse=True)
+    verified = [v for v in record["verified"] if v["config"]["probe"] == "eos_prob"]
+    assert len(verified) == 1 and verified[0]["config"]["eos_threshold"] == sims[0]["threshold"]
+    assert main([*args, "--eos-thresholds", "1.5"]) == 2
+    assert "eos_thresholds must hold numbers in (0, 1]" in capsys.readouterr().err
