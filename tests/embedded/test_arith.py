@@ -68,6 +68,18 @@ def test_one_problem_has_many_valid_wordings_of_varying_length():
     assert first_op["*"] > 0 and first_op["+"] + first_op["-"] > 0, first_op
 
 
+def test_every_change_has_its_day_and_every_solution_names_the_days_in_order():
+    """The story's changes happen on monday, tuesday, ... in order; a solution names each change's
+    day before that change's arithmetic (the products computed first name theirs too)."""
+    for r in make_requests(200, "train", seed=11):
+        story_days = [w for w in r.question.split() if w in tasks.DAYS]
+        assert story_days == tasks.DAYS[: len(r.changes)]
+        words = r.answer.split()
+        said = [w for w in words if w in tasks.DAYS]
+        groups = [d for d, c in zip(tasks.DAYS, r.changes) if c.is_group]
+        assert said in (story_days, groups + story_days), (r.question, r.answer)
+
+
 def test_checker_reads_every_wording_and_catches_a_wrong_step():
     text = ("ann has 5 pens . 5 plus 3 is 8 . 8 + 2 = 10 . adding 4 to 10 gives 14 . 14 minus 1 equals 13 . "
             "13 - 3 = 10 . taking 2 from 10 leaves 8 . 2 times 3 is 6 . 2 x 4 = 8 . 3 groups of 5 make 15 . answer 8")

@@ -1,7 +1,8 @@
 """Arithmetic word problems with worked, uncertain solutions: the ``arith`` workload's tasks.
 
 In the spirit of GSM8K: a story with several quantities (a starting amount, then changes: gains,
-losses, and groups of equal size bought or given away) and the question "how many ... now ?".
+losses, and groups of equal size bought or given away, one change a day from monday on) and the
+question "how many ... now ?".
 The answer is a worked solution, one arithmetic step per sentence ("12 plus 7 is 19 ."), two to
 six steps, ending with ``answer N``; it is scored like GSM8K, by its final number, with a check
 that each step's arithmetic is right (:func:`check_solution`).
@@ -13,7 +14,11 @@ wording, so the next-token distribution has real entropy and the answer length v
 prompt: every training solution is drawn among equally valid ones -
 
 * step order: the products of the group changes either inline, just before each is used, or
-  all first (``first , 3 times 4 is 12 .``);
+  all first (``first , tuesday : 3 times 4 is 12 .``);
+* the day of each step, named before its arithmetic (``on tuesday ,`` / ``tuesday :`` /
+  ``then on tuesday ,``): which story quantity a step uses is found by its day, not by counting
+  sentences (a 2.7M-parameter model trained on stories without days read the right operand for
+  a quarter of the steps after 600 steps of batch 32);
 * optional sentences: restating the start, a lead clause before a step ("then she loses 4 ,"),
   the running amount after it ("now she has 15 ."), a closing sentence;
 * synonyms: ``plus`` / ``+`` / ``adding k to x gives``, ``is`` / ``equals`` / ``=``, and the
@@ -54,6 +59,9 @@ OBJECT_PRONOUN = {"she": "her", "he": "him"}
 ITEMS = ["apples", "pens", "cards", "stickers", "marbles", "books", "cookies", "coins", "shells", "stamps"]
 CONTAINERS = ["bags", "boxes", "packs", "jars"]
 FRIENDS = ["friends", "classmates", "cousins"]
+# every change of a story happens on its own day, in week order; a solution names the day of each
+# step, so which quantity a step uses is found by its day (as GSM8K's "on monday ... on tuesday")
+DAYS = ["monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday"]
 NUMBER_WORDS = [str(i) for i in range(100)]
 
 PLUS_FORMS = ("{x} plus {k} is {y} .", "{x} plus {k} equals {y} .", "{x} + {k} = {y} .",
@@ -68,13 +76,13 @@ OTHER_WORDS = ["has", "starts", "with", "owns", "buys", "more", "finds", "gives"
                "sells", "uses", "of", "in", "each", "how", "many", "does", "have", "now", "at", "the", "end", "then",
                "after", "that", "away", "so", "left", "first", "plus", "minus", "times", "is", "equals", "adding",
                "taking", "leaves", "groups", "make", "answer", "all", "together", "she", "he", "her", "him",
-               ".", ",", "?", "+", "-", "=", "x", "user", "assistant", "system", "practice", ":"]
+               ".", ",", "?", "+", "-", "=", "x", "user", "assistant", "system", "practice", ":", "on"]
 
 
 def vocabulary_words() -> list[str]:
     """All ordinary words of the workload's tokenizer (no special tokens), fixed order, no repeats."""
     words: list[str] = []
-    for group in (NUMBER_WORDS, list(NAMES), ITEMS, CONTAINERS, FRIENDS, OTHER_WORDS):
+    for group in (NUMBER_WORDS, list(NAMES), ITEMS, CONTAINERS, FRIENDS, DAYS, OTHER_WORDS):
         for w in group:
             if w not in words:
                 words.append(w)
@@ -215,9 +223,14 @@ def make_problem(rng: np.random.Generator) -> Story:
     pron, items = NAMES[name], _pick(rng, ITEMS)
     opening = _pick(rng, [f"{name} has {start} {items} .", f"{name} starts with {start} {items} .",
                           f"{name} owns {start} {items} ."])
-    changes = tuple(Change(s, a, c, z, _change_sentence(rng, (s, a, c, z), name, items)) for s, a, c, z in drawn)
+    changes = tuple(Change(s, a, c, z, f"on {day} " + _change_sentence(rng, (s, a, c, z), name, items))
+                    for day, (s, a, c, z) in zip(DAYS, drawn))
     ask = _pick(rng, [f"how many {items} does {name} have now ?", f"how many {items} does {pron} have at the end ?"])
     return Story(name, items, " ".join([opening, *(c.sentence for c in changes), ask]), start, changes)
+
+
+DAY_TAGS = ("on {day} ,", "{day} :")
+LATER_DAY_TAGS = ("then on {day} ,",)
 
 
 def write_solution(rng: np.random.Generator, story: Story) -> str:
@@ -229,11 +242,12 @@ def write_solution(rng: np.random.Generator, story: Story) -> str:
         parts.append(_pick(rng, [f"{name} has {start} {items} .", f"{name} starts with {start} ."]))
     groups_first = any(c.is_group for c in changes) and rng.random() < 0.4
     if groups_first:
-        for j, c in enumerate(c for c in changes if c.is_group):
+        for j, (day, c) in enumerate((d, c) for d, c in zip(DAYS, changes) if c.is_group):
             lead = "first , " if j == 0 and rng.random() < 0.5 else ""
-            parts.append(lead + _pick(rng, TIMES_FORMS).format(m=c.count, k=c.size, p=c.amount))
+            parts.append(lead + f"{day} : " + _pick(rng, TIMES_FORMS).format(m=c.count, k=c.size, p=c.amount))
     value = start
-    for c in changes:
+    for i, (day, c) in enumerate(zip(DAYS, changes)):
+        parts.append(_pick(rng, DAY_TAGS if i == 0 else DAY_TAGS + LATER_DAY_TAGS).format(day=day))
         if c.is_group and not groups_first:
             parts.append(_pick(rng, TIMES_FORMS).format(m=c.count, k=c.size, p=c.amount))
         if rng.random() < 0.4:
