@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -152,8 +152,10 @@ class SparseForward:
     """One forward as DyLLM runs it: ``mode`` "full" (warm-up or rebuild), "prompt" (sparse,
     prompt fed) or "response" (sparse, window only). A sparse one holds its ``maps``, the current
     gating set as a fixed-capacity row set (``gate`` int64 ``[num_queries]``, its first
-    ``gate_count`` entries live, ``gate_count`` an int32 ``[1]`` device tensor: no host read), and
-    its per-layer statistics on the device (``layer_stats``, its maps' buffer)."""
+    ``gate_count`` entries live, ``gate_count`` an int32 ``[1]`` device tensor: no host read) with
+    ``gate_mask`` (bool ``[num_queries]``, the same set as a mask), each layer's gating and salient
+    masks (``gate_masks``, ``salient_masks``: counted once after the layer loop, :meth:`DyLLMPolicy.account`)
+    and its per-layer statistics on the device (``layer_stats``, its maps' buffer)."""
 
     rows: list[int]
     index: torch.Tensor
@@ -165,6 +167,9 @@ class SparseForward:
     prefix: PrefixKV | None = None
     gate: torch.Tensor | None = None
     gate_count: torch.Tensor | None = None
+    gate_mask: torch.Tensor | None = None
+    gate_masks: list[torch.Tensor] = field(default_factory=list)
+    salient_masks: list[torch.Tensor] = field(default_factory=list)
     padded_input: torch.Tensor | None = None  # the forward's padded hidden state before packing
     layer_stats: torch.Tensor | None = None
 
@@ -268,6 +273,7 @@ class DyLLMPolicy(DecodePolicy):
     def after_layers(self, run: DecodeRun, fwd: Forward) -> None:
         plan = self.current
         if plan.mode != "full":  # back to the padded layout: pad rows pass through unchanged
+            self.account(plan)
             out = plan.padded_input.clone(memory_format=torch.contiguous_format)
             out.view(-1, out.shape[-1]).index_copy_(0, plan.maps.query_src, fwd.hidden)
             fwd.hidden = out
@@ -397,6 +403,7 @@ class DyLLMPolicy(DecodePolicy):
         if self.tau > 1:
             plan.gate = maps.slots
             plan.gate_count = torch.full((1,), tq, dtype=torch.int32, device=run.device)
+            plan.gate_mask = torch.ones(tq, dtype=torch.bool, device=run.device)
             return
         R, width = len(plan.rows), fwd.width
         lq = plan.offset + width
@@ -411,6 +418,7 @@ class DyLLMPolicy(DecodePolicy):
         where = _true_positions(flat.reshape(-1), tq)
         plan.gate = qmap[where].clamp(min=0)  # slots past the count: row 0, never read as live
         plan.gate_count = committed.sum().reshape(1).to(torch.int32)
+        plan.gate_mask = flat.reshape(-1).index_select(0, maps.query_src)  # the same rows, per slot
 
     def pack(self, cache: torch.Tensor, prefix: torch.Tensor | None, maps: SparseMaps) -> torch.Tensor:
         """Keys (or values) of the forward packed per request: ``[prefix keys, cache keys]``."""
@@ -434,21 +442,21 @@ class DyLLMPolicy(DecodePolicy):
             total += n * per_row + 2.0 * n * nk * d["Hd"]
         return total
 
-    def account(self, plan: SparseForward, layer: int, gate_mask: torch.Tensor, salient_mask: torch.Tensor) -> None:
-        """One sparse layer's counts and ideal multiply-accumulates into ``plan.layer_stats[layer]``
-        (on the device): the gating and salient rows (bool ``[num_queries]`` each), their union, the
-        rows with exact attention, and the MACs of :meth:`macs_weights`."""
+    def account(self, plan: SparseForward) -> None:
+        """The sparse layers' counts and ideal multiply-accumulates into ``plan.layer_stats``
+        ``[layers, 5]`` (on the device), all layers at once after the loop: per layer the gating
+        and salient rows (``plan.gate_masks`` / ``plan.salient_masks``, bool ``[num_queries]``
+        each), their union, the rows with exact attention, and the MACs of :meth:`macs_weights`."""
         maps = plan.maps
         base, per_gate, gate_squared, per_salient = maps.macs_weights
-        union = gate_mask | salient_mask
-        cols = torch.stack([gate_mask, salient_mask, union], dim=1).to(torch.float64)
-        per_request = torch.zeros(len(plan.rows), 3, dtype=torch.float64, device=cols.device)
-        per_request.index_add_(0, maps.query_row, cols)
-        totals = per_request.sum(dim=0)
-        gating = per_request[:, 0]
-        macs = base + (gating * (per_gate - gate_squared * gating)).sum() + per_salient * totals[1]
-        exact = totals[0] if self.config.approx_attention else totals.new_full((), maps.num_queries)
-        plan.layer_stats[layer] = torch.stack([totals[0], totals[1], totals[2], exact, macs])
+        gate, salient = torch.stack(plan.gate_masks), torch.stack(plan.salient_masks)  # [L, Tq]
+        cols = torch.stack([gate, salient, gate | salient], dim=2).to(torch.float64)  # [L, Tq, 3]
+        per_request = cols.new_zeros(cols.shape[0], len(plan.rows), 3).index_add_(1, maps.query_row, cols)
+        totals = per_request.sum(dim=1)  # [L, 3]
+        gating = per_request[:, :, 0]
+        macs = base + (gating * (per_gate - gate_squared * gating)).sum(dim=1) + per_salient * totals[:, 1]
+        exact = totals[:, 0] if self.config.approx_attention else totals.new_full((cols.shape[0],), maps.num_queries)
+        plan.layer_stats.copy_(torch.stack([totals[:, 0], totals[:, 1], totals[:, 2], exact, macs], dim=1))
 
     def macs_weights(self, nq: list[int], nk: list[int], upload) -> tuple[float, torch.Tensor, float, float]:
         """The ideal MACs of a sparse layer as ``base + sum_r a_r (per_gate_r - gate_squared a_r)
@@ -543,14 +551,6 @@ def _true_positions(mask: torch.Tensor, size: int) -> torch.Tensor:
     return out[:size]
 
 
-def _row_set_mask(index: torch.Tensor, count: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """bool ``[n]``: the rows named by the first ``count`` slots of ``index`` (``slots`` is
-    ``arange(n)``, ``index`` of capacity ``n``; no host read)."""
-    n = slots.shape[0]
-    target = torch.where(slots < count, index, n)
-    return torch.zeros(n + 1, dtype=torch.bool, device=index.device).index_fill_(0, target, True)[:n]
-
-
 class SparseLayer:
     """One layer of a sparse forward (``adapter.LayerRows``): the gating set's K/V into the
     caches, partial (or exact) attention, the salient set, and the FFN of the salient rows. Row
@@ -583,7 +583,7 @@ class SparseLayer:
         contexts = policy.contexts[i].view(-1, policy.contexts[i].shape[-1])
         self._context_before = contexts.index_select(0, maps.query_cache)  # [Tq, H*d]
         heads, d = q.shape[1], q.shape[2]
-        self._gate_mask = _row_set_mask(gate, count, maps.slots)
+        self._gate_mask = plan.gate_mask
         if policy.config.approx_attention:  # the gating rows' queries get exact attention
             key_rows = maps.query_key.index_select(0, gate).to(torch.int32)
             cached = self._context_before.view(num_q, heads, d)
@@ -607,6 +607,8 @@ class SparseLayer:
         ffn_cache = policy.ffn_outputs[i].view(-1, policy.ffn_outputs[i].shape[-1])
         salient, count = self._salient
         scatter_rows(ffn_cache, maps.query_cache.index_select(0, salient), count, out)
-        policy.account(plan, i, self._gate_mask, self._salient_mask)
+        plan.gate_masks.append(self._gate_mask)
+        plan.salient_masks.append(self._salient_mask)
         plan.gate, plan.gate_count = salient, count  # the salient set gates the next layer
+        plan.gate_mask = self._salient_mask
         return ffn_cache.index_select(0, maps.query_cache)

@@ -192,6 +192,7 @@ def main(args) -> int:
         "requests": n,
         "batch_size": bs,
         "window": gen.gen_length,
+        "block_length": gen.block_length,
         "baseline": figures["baseline"],
         "seer": {**rec, "config": recommended},
         "speedup": rec["speedup"],

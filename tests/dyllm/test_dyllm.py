@@ -362,7 +362,8 @@ def test_the_key_correction_is_counted_in_the_ideal_flops():
         fw.layer_stats = torch.zeros(1, 5, dtype=torch.float64)
         fw.maps = SimpleNamespace(query_row=torch.zeros(nq, dtype=torch.long), num_queries=nq,
                                   macs_weights=policy.macs_weights([nq], [nk], lambda v, dt: torch.tensor(v, dtype=dt)))
-        policy.account(fw, 0, gate_mask, salient_mask)
+        fw.gate_masks, fw.salient_masks = [gate_mask], [salient_mask]
+        policy.account(fw)
         gating, salient, union, n_exact, macs[mode] = fw.layer_stats[0].tolist()
         exact = nq if mode == "exact" else a
         cost = 3 if mode == "partial" else 1

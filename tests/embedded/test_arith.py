@@ -207,8 +207,8 @@ def test_heldout_requests_decode_to_right_answers(shipped):
 @pytest.mark.usefixtures("reference_kernels")
 def test_demo_with_the_arith_workload_writes_its_figures(tmp_path):
     """``seer demo --workload arith --json`` on two held-out requests: the demo's keys, the
-    final-answer score, DyLLM and Seer + DyLLM rows; Seer never computes more than the
-    baseline and the guard accounts for every over-truncated answer."""
+    final-answer score and the steps check on every row, the DyLLM and threshold rows; Seer never
+    computes more than the baseline and the guard accounts for every over-truncated answer."""
     from seer_runtime.cli import main
 
     out = tmp_path / "demo.json"
@@ -216,17 +216,17 @@ def test_demo_with_the_arith_workload_writes_its_figures(tmp_path):
                  "--plot", str(tmp_path / "profiles.png")]) == 0
     fig = json.loads(out.read_text())
     for key in ("requests", "baseline", "seer", "speedup", "ideal_speedup", "boundary_mae", "over_truncation_rate",
-                "recovered", "lost_answers", "probes", "configs"):
+                "recovered", "lost_answers", "probes", "methods"):
         assert key in fig, key
     assert fig["workload"] == "arith" and fig["window"] == RESPONSE_WINDOW and fig["block_length"] == BLOCK_LENGTH
     assert set(fig["probes"]) == {"sparsity", "eos_prob", "both"}
-    names = list(fig["configs"])
-    assert names[:4] == ["baseline", "seer:sparsity", "seer:eos_prob", "seer:both"]
-    assert names[4:] == ["dyllm", f"{fig['seer']['config']}+dyllm"]
-    for row in fig["configs"].values():
-        for key in ("tok_per_s", "latency_s", "nfe", "tokens_computed", "exact_match", "steps_right"):
+    assert list(fig["methods"]) == ["dyllm", "threshold:0.9", "seer+threshold", "seer+threshold+dyllm"]
+    for row in [fig["baseline"], *fig["probes"].values(), *fig["methods"].values()]:
+        for key in ("tok_per_s", "latency_s", "nfe", "tokens_computed", "exact_match", "steps_right",
+                    "answer_tokens"):
             assert key in row, key
     assert fig["baseline"]["nfe"] == RESPONSE_WINDOW + 1  # the prefill, then one step per token
+    assert fig["methods"]["threshold:0.9"]["nfe"] <= fig["baseline"]["nfe"]
     for probe in fig["probes"].values():
         assert probe["tokens_computed"] <= fig["baseline"]["tokens_computed"]
         assert probe["recovered"] + probe["lost_answers"] == probe["over_truncated"]
