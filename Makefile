@@ -45,18 +45,23 @@ train-demo-model: $(STAMP)
 
 # The arith workload's model (issue 18: long, uncertain answers; bench/RESULTS.md, "The arith workload"): a
 # text-only LLaDA (6 layers, d_model 192, 2.7M parameters) trained with LLaDA's SFT loss on arithmetic word
-# problems whose worked solutions are drawn among equally valid wordings: 7000 steps of batch 32 at a peak lr
-# of 1e-3, half the windows cut after their answer, a quarter of the samples arithmetic drills (the facts
-# listed in the prompt, so that every masked result teaches its fact), number tokens' embeddings started
-# with their value (--number-values), bf16 autocast, two threads (1.8x one thread on an idle 2-core machine;
-# ~65 min). Writes model_adapters/embedded/arith/, then calibrates Seer (with the eos_prob thresholds a model
+# problems whose worked solutions are drawn among equally valid wordings, half the windows cut after their
+# answer, some samples arithmetic drills (the facts listed in the prompt, so that every masked result
+# teaches its fact), number tokens' embeddings started with their value (--number-values), bf16 autocast,
+# two threads (1.8x one thread on an idle 2-core machine). Phase 1: the first 4000 steps of a 7000-step
+# schedule (peak lr 1e-3) on the wider problems (values to 30, arith/tasks.py WIDE_RANGES; ~40 min);
+# phase 2: 4000 steps at a peak lr of 5e-4 on the workload's own (values to 20), 40% drills (~40 min).
+# Writes model_adapters/embedded/arith/, then calibrates Seer (with the eos_prob thresholds a model
 # unsure of its answer length needs) and DyLLM for it, scored by the final answer.
 ARITH := model_adapters/embedded/arith
+ARITH_TRAIN := $(PY) -m model_adapters.embedded.train --threads 2 --workload arith --seed 0 --batch-size 32 \
+	--window-cut 0.5 --eval-every 1000 --eval-requests 64 --eval-decode 32
 
 train-arith-model: $(STAMP)
-	$(PY) -m model_adapters.embedded.train --threads 2 --workload arith --steps 7000 --seed 0 --lr 1e-3 \
-		--d-model 192 --layers 6 --heads 6 --mlp 512 --batch-size 32 --window-cut 0.5 --drill 0.25 --number-values \
-		--eval-every 1000 --eval-requests 64 --eval-decode 32 --final-eval-requests 500
+	$(ARITH_TRAIN) --number-ranges wide --steps 7000 --stop-at 4000 --lr 1e-3 --drill 0.25 --number-values \
+		--d-model 192 --layers 6 --heads 6 --mlp 512 --save-dtype float32 --final-eval-requests 64 \
+		--out out/arith-phase1
+	$(ARITH_TRAIN) --init-from out/arith-phase1 --steps 4000 --lr 5e-4 --drill 0.4 --final-eval-requests 500
 	$(VENV)/bin/seer calibrate --workload arith --guard-mode redecode --requests 64 \
 		--eos-thresholds 0.5 0.7 0.8 0.9 0.95 0.98 0.99 --out $(ARITH)/seer_config.json
 	$(VENV)/bin/seer calibrate-dyllm --workload arith --requests 48 --out $(ARITH)/dyllm_config.json

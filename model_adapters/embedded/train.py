@@ -580,12 +580,16 @@ def _arith_workload() -> Workload:
         name="arith", out_dir=ARITH_DIR, window=ARITH_WINDOW, words=arith_tasks.vocabulary_words,
         model_config=lambda tok, a: text_model_config(tok, window=ARITH_WINDOW, d_model=a.d_model, n_layers=a.layers,
                                                       n_heads=a.heads, mlp_hidden=a.mlp),
-        stream=lambda a: arith_tasks.RequestStream(a.seed, drill=a.drill),
+        stream=lambda a: arith_tasks.RequestStream(a.seed, drill=a.drill,
+                                                   ranges=getattr(arith_tasks, NUMBER_RANGES[a.number_ranges])),
         heldout=lambda n: arith_tasks.make_requests(n, "heldout"), heldout_seed=arith_tasks.HELDOUT_SEED,
         generation=demo_generation_config, score=final_answer_matches)
 
 
 WORKLOADS = {"demo": _demo_workload, "arith": _arith_workload}
+#: ``--number-ranges`` of the arith workload (names in ``arith/tasks.py``): its own problems, or
+#: the wider ones its first training phase draws
+NUMBER_RANGES = {"shipped": "RANGES", "wide": "WIDE_RANGES"}
 
 
 # ------------------------------------------------------------------------------------ main
@@ -648,6 +652,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "at the word embeddings' scale instead of growing hundreds of times larger")
     p.add_argument("--window-cut", type=float, default=0.0,
                    help="probability of training a sample on a window cut after its answer (Seer-robustness)")
+    p.add_argument("--number-ranges", choices=sorted(NUMBER_RANGES), default="shipped",
+                   help="arith only: the numbers the training problems draw (arith/tasks.py RANGES, or WIDE_RANGES "
+                        "for a first phase)")
     p.add_argument("--number-values", action="store_true",
                    help="fresh models: number tokens' embeddings start with value features (init_number_values)")
     p.add_argument("--save-dtype", choices=["float16", "float32"], default="float16")
@@ -676,6 +683,8 @@ def main(argv=None) -> dict:
     if args.align_steps > 0 and args.vision_steps == 0:
         raise ValueError("--align-steps needs --vision-steps (the alignment follows the vision stage)")
     wl = WORKLOADS[args.workload]()
+    if wl.name != "arith" and args.number_ranges != "shipped":
+        raise ValueError(f"--number-ranges is an option of the arith workload, not of {wl.name}")
     if not wl.multimodal:
         used = [f"--{k.replace('_', '-')}" for k in ("vision_steps", "align_steps", "image_focus")
                 if getattr(args, k)] + [f"--{k.replace('_', '-')}" for k in ("freeze_projector", "train_vision")

@@ -42,7 +42,7 @@ def test_generator_is_deterministic_and_every_reference_is_right():
         assert set((r.question + " " + r.answer).split()) <= words
         got = check_solution(r.answer)
         assert got.steps_right and got.final == r.value and len(got.steps) == r.steps, (r.answer, got)
-        assert tasks.MIN_STEPS <= r.steps <= tasks.MAX_STEPS and 0 <= r.value <= tasks.MAX_VALUE
+        assert tasks.MIN_STEPS <= r.steps <= tasks.MAX_STEPS and 0 <= r.value <= tasks.RANGES.max_value
         assert score(r, r.answer) and r.answer.split()[-2:] == ["answer", str(r.value)]
     assert {r.steps for r in reqs} == set(range(tasks.MIN_STEPS, tasks.MAX_STEPS + 1))
     # the response window holds every answer with its end of turn
@@ -134,6 +134,23 @@ def test_trainer_runs_the_text_workload_and_refuses_vision_options(tmp_path):
     for flag in (["--vision-steps", "2"], ["--image-focus", "0.1"], ["--freeze-projector"]):
         with pytest.raises(ValueError, match="text only"):
             main([*tiny, "--steps", "1", *flag, "--out", str(tmp_path / "x")])
+
+
+def test_number_ranges_bound_every_quantity_and_the_wide_phase_draws_wider():
+    """Problems and drills keep every number in their ranges: the workload's own (every split) and
+    the wider ones of the trainer's first phase; --number-ranges is an arith option only."""
+    from model_adapters.embedded.train import main
+
+    def numbers(reqs):
+        return [int(w) for r in reqs for w in (r.question + " " + r.answer).split() if w.isdigit()]
+
+    shipped = tasks.RequestStream(1, drill=0.3).next_batch(300)
+    wide = tasks.RequestStream(1, drill=0.3, ranges=tasks.WIDE_RANGES).next_batch(300)
+    assert max(numbers(shipped)) <= tasks.RANGES.max_value < max(numbers(wide)) <= tasks.WIDE_RANGES.max_value
+    assert max(numbers(make_requests(300, "heldout"))) <= tasks.RANGES.max_value
+    with pytest.raises(ValueError, match="--number-ranges is an option of the arith workload"):
+        main(["--steps", "1", "--number-ranges", "wide", "--d-model", "32", "--layers", "1", "--heads", "2",
+              "--mlp", "32"])
 
 
 def test_workload_option_and_unknown_workloads():

@@ -8,7 +8,7 @@ six steps, ending with ``answer N``; it is scored like GSM8K, by its final numbe
 that each step's arithmetic is right (:func:`check_solution`).
 
 Each step is a local lookup for a small model: numbers are single word-level tokens
-(``0`` .. :data:`MAX_VALUE`), additions and subtractions of small numbers, products from a small
+(``0`` .. ``RANGES.max_value``), additions and subtractions of small numbers, products from a small
 multiplication table (:data:`GROUP_COUNTS` x :data:`GROUP_SIZES`). What is uncertain is the
 wording, so the next-token distribution has real entropy and the answer length varies given the
 prompt: every training solution is drawn among equally valid ones -
@@ -38,13 +38,26 @@ import numpy as np
 
 from ..tasks import split_rng
 
-# Every quantity, product and running amount stays in 0..MAX_VALUE: about 500 addition,
-# subtraction and multiplication facts. With 0..60 and changes up to 15 (about 1800 facts) a
-# 2.7M-parameter model had learnt the story's structure after 1500 steps of batch 32 (the operand
-# from the story 82% right, the previous result copied 48%) but only 17% of the results.
-MAX_VALUE = 30
-START_RANGE = (5, 20)
-CHANGE_RANGE = (1, 9)
+
+@dataclass(frozen=True)
+class Ranges:
+    """The numbers a problem draws: every quantity, product and running amount stays in
+    ``0..max_value``; the start amount in ``start``, a plain change in ``change`` (both inclusive)."""
+
+    max_value: int
+    start: tuple[int, int]
+    change: tuple[int, int]
+
+
+# The workload's problems (every split, the demo, the calibration): values 0..20, changes 1..5,
+# about 200 addition, subtraction and multiplication facts. With 0..60 and changes up to 15 (about
+# 1800 facts) a 2.7M-parameter model learnt the story's structure after 1500 steps of batch 32 but
+# only 17% of the results; with 0..30 and changes 1..9 (about 500 facts, WIDE_RANGES) and the days
+# it read 95% of the operands right after 3000 steps but computed 40% of the results (48% on
+# drills, the facts in the prompt). The trainer starts on WIDE_RANGES and finishes on RANGES (the
+# Makefile's two phases).
+RANGES = Ranges(max_value=20, start=(5, 15), change=(1, 5))
+WIDE_RANGES = Ranges(max_value=30, start=(5, 20), change=(1, 9))
 GROUP_COUNTS = (2, 3, 4)
 GROUP_SIZES = (2, 3, 4, 5)
 MIN_STEPS, MAX_STEPS = 2, 6
@@ -146,32 +159,34 @@ def _pick(rng: np.random.Generator, options):
     return options[int(rng.integers(len(options)))]
 
 
-def _draw_changes(rng: np.random.Generator, start: int, n_changes: int, n_groups: int) -> list[tuple] | None:
+def _draw_changes(rng: np.random.Generator, start: int, n_changes: int, n_groups: int,
+                  ranges: Ranges) -> list[tuple] | None:
     """Signs and amounts of ``n_changes`` changes (``n_groups`` of them group changes, at random
-    places) keeping the running amount in 0..MAX_VALUE; None when a draw cannot."""
+    places) keeping the running amount in ``0..ranges.max_value``; None when a draw cannot."""
+    max_value, change = ranges.max_value, ranges.change
     group_at = set(rng.choice(n_changes, size=n_groups, replace=False).tolist()) if n_groups else set()
     value, out = start, []
     for i in range(n_changes):
         sign = 1 if rng.random() < 0.5 else -1
         if i in group_at:
             pairs = [(m, s) for m in GROUP_COUNTS for s in GROUP_SIZES
-                     if (value + m * s <= MAX_VALUE if sign > 0 else m * s <= value)]
+                     if (value + m * s <= max_value if sign > 0 else m * s <= value)]
             if not pairs:
                 sign = -sign
                 pairs = [(m, s) for m in GROUP_COUNTS for s in GROUP_SIZES
-                         if (value + m * s <= MAX_VALUE if sign > 0 else m * s <= value)]
+                         if (value + m * s <= max_value if sign > 0 else m * s <= value)]
             if not pairs:
                 return None
             m, s = _pick(rng, pairs)
             out.append((sign, m * s, m, s))
         else:
-            hi = min(CHANGE_RANGE[1], MAX_VALUE - value if sign > 0 else value)
-            if hi < CHANGE_RANGE[0]:
+            hi = min(change[1], max_value - value if sign > 0 else value)
+            if hi < change[0]:
                 sign = -sign
-                hi = min(CHANGE_RANGE[1], MAX_VALUE - value if sign > 0 else value)
-            if hi < CHANGE_RANGE[0]:
+                hi = min(change[1], max_value - value if sign > 0 else value)
+            if hi < change[0]:
                 return None
-            k = int(rng.integers(CHANGE_RANGE[0], hi + 1))
+            k = int(rng.integers(change[0], hi + 1))
             out.append((sign, k, 0, 0))
         value += out[-1][0] * out[-1][1]
     return out
@@ -207,16 +222,16 @@ class Story:
     changes: tuple[Change, ...]
 
 
-def make_problem(rng: np.random.Generator) -> Story:
-    """One story with 2..6 arithmetic steps."""
+def make_problem(rng: np.random.Generator, *, ranges: Ranges = RANGES) -> Story:
+    """One story with 2..6 arithmetic steps, its numbers drawn in ``ranges``."""
     while True:
         n_steps = int(rng.integers(MIN_STEPS, MAX_STEPS + 1))
         n_groups = int(rng.integers(0, n_steps // 2 + 1))  # each group change is two steps
         n_changes = n_steps - n_groups
         if n_changes < max(1, n_groups):
             continue
-        start = int(rng.integers(START_RANGE[0], START_RANGE[1] + 1))
-        drawn = _draw_changes(rng, start, n_changes, n_groups)
+        start = int(rng.integers(ranges.start[0], ranges.start[1] + 1))
+        drawn = _draw_changes(rng, start, n_changes, n_groups, ranges)
         if drawn is not None:
             break
     name = _pick(rng, list(NAMES))
@@ -268,10 +283,10 @@ def write_solution(rng: np.random.Generator, story: Story) -> str:
     return " ".join(parts)
 
 
-def make_request(rng: np.random.Generator) -> ArithRequest:
-    """One problem and one of its worked solutions, 20..120 answer tokens long."""
+def make_request(rng: np.random.Generator, *, ranges: Ranges = RANGES) -> ArithRequest:
+    """One problem (numbers in ``ranges``) and one of its worked solutions, 20..120 answer tokens long."""
     while True:
-        story = make_problem(rng)
+        story = make_problem(rng, ranges=ranges)
         for _ in range(8):  # a wording of the right length; a 2-step story's terse ones are too short
             answer = write_solution(rng, story)
             if MIN_ANSWER_TOKENS <= len(answer.split()) <= MAX_ANSWER_TOKENS:
@@ -290,7 +305,7 @@ def make_requests(n: int, split: str = "heldout", seed: int | None = None) -> li
     return [make_request(rng) for _ in range(n)]
 
 
-def make_drill(rng: np.random.Generator) -> ArithRequest:
+def make_drill(rng: np.random.Generator, *, ranges: Ranges = RANGES) -> ArithRequest:
     """A training-only arithmetic drill: the prompt lists 8-14 facts to work out ("practice : 5
     plus 3 , 12 minus 4 , 2 times 3 ."), the answer works each out in the solutions' wordings.
 
@@ -308,13 +323,13 @@ def make_drill(rng: np.random.Generator) -> ArithRequest:
             shown.append(f"{m} times {k}")
             facts.append(_pick(rng, TIMES_FORMS).format(m=m, k=k, p=m * k))
             continue
-        k = int(rng.integers(CHANGE_RANGE[0], CHANGE_RANGE[1] + 1))
+        k = int(rng.integers(ranges.change[0], ranges.change[1] + 1))
         if u < 0.56:
-            x = int(rng.integers(0, MAX_VALUE - k + 1))
+            x = int(rng.integers(0, ranges.max_value - k + 1))
             shown.append(f"{x} plus {k}")
             facts.append(_pick(rng, PLUS_FORMS).format(x=x, k=k, y=x + k))
         else:
-            x = int(rng.integers(k, MAX_VALUE + 1))
+            x = int(rng.integers(k, ranges.max_value + 1))
             shown.append(f"{x} minus {k}")
             facts.append(_pick(rng, MINUS_FORMS).format(x=x, k=k, y=x - k))
     answer = " ".join(facts)
@@ -325,18 +340,18 @@ def make_drill(rng: np.random.Generator) -> ArithRequest:
 class RequestStream:
     """An endless deterministic stream of training requests (``next_batch(k)``), as the trainer
     reads the demo model's: ``drill`` is the probability of an arithmetic drill
-    (:func:`make_drill`) instead of a word problem."""
+    (:func:`make_drill`) instead of a word problem; ``ranges`` the numbers both draw."""
 
-    def __init__(self, seed: int, *, drill: float = 0.0):
+    def __init__(self, seed: int, *, drill: float = 0.0, ranges: Ranges = RANGES):
         if not 0.0 <= drill <= 1.0:
             raise ValueError(f"drill must be a probability in [0, 1], got {drill!r}")
         self.rng = np.random.default_rng([seed, 0])
-        self.drill = drill
+        self.drill, self.ranges = drill, ranges
 
     def _one(self) -> ArithRequest:
         if self.drill and self.rng.random() < self.drill:
-            return make_drill(self.rng)
-        return make_request(self.rng)
+            return make_drill(self.rng, ranges=self.ranges)
+        return make_request(self.rng, ranges=self.ranges)
 
     def next_batch(self, k: int) -> list[ArithRequest]:
         return [self._one() for _ in range(k)]
