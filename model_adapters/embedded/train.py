@@ -336,7 +336,7 @@ def prompt_batch(model, tok: EmbeddedTokenizer, reqs: list[TaskRequest]):
 
 def training_loss(model, tok: EmbeddedTokenizer, reqs: list[TaskRequest], gen: torch.Generator, *,
                   window: int, eps: float, prefix_lm_fraction: float, window_cut: float = 0.0,
-                  vision_fp32: bool = False) -> torch.Tensor:
+                  vision_fp32: bool = False, semi_ar: float = 0.0, block: int = 32) -> torch.Tensor:
     """LLaDA's SFT loss on one batch (see the module docstring).
 
     window_cut: the probability that a sample's window is cut to a random length between its
@@ -346,6 +346,12 @@ def training_loss(model, tok: EmbeddedTokenizer, reqs: list[TaskRequest], gen: t
     removes the tail (measured: 41 of 96 answers moved with an exact cut).
 
     vision_fp32: compute the prompt embeddings (image tokens included) outside autocast.
+
+    semi_ar: the probability that a sample is masked as semi-autoregressive decoding leaves a
+    window (block-aligned, ``block`` positions): a random number of leading blocks clean, the
+    next block masked at rate t, every block after it fully masked. Uniform masking (LLaDA's)
+    almost never shows a decoded prefix before an all-mask suffix, the state every block after
+    the first is decoded from.
     """
     from seer_runtime.adapter import PaddedLayout
 
@@ -356,6 +362,12 @@ def training_loss(model, tok: EmbeddedTokenizer, reqs: list[TaskRequest], gen: t
     strata = (torch.randperm(b, generator=gen) + torch.rand(b, generator=gen)) / b
     t = eps + (1.0 - eps) * strata
     masked = torch.rand(b, window, generator=gen) < t[:, None]
+    if semi_ar > 0:
+        blocks = -(-window // block)
+        start = torch.randint(0, blocks, (b,), generator=gen) * block  # the block being decoded
+        pos = torch.arange(window)[None]
+        in_order = (pos >= start[:, None]) & ((pos >= start[:, None] + block) | masked)
+        masked = torch.where((torch.rand(b, generator=gen) < semi_ar)[:, None], in_order, masked)
     prefix_lm = torch.rand(b, generator=gen) < prefix_lm_fraction
     target, masked, t, prefix_lm = target.to(dev), masked.to(dev), t.to(dev), prefix_lm.to(dev)
     noisy = torch.where(masked, torch.full_like(target, tok.mask_id), target)
@@ -581,7 +593,8 @@ def _arith_workload() -> Workload:
         model_config=lambda tok, a: text_model_config(tok, window=ARITH_WINDOW, d_model=a.d_model, n_layers=a.layers,
                                                       n_heads=a.heads, mlp_hidden=a.mlp),
         stream=lambda a: arith_tasks.RequestStream(a.seed, drill=a.drill,
-                                                   ranges=getattr(arith_tasks, NUMBER_RANGES[a.number_ranges])),
+                                                   ranges=getattr(arith_tasks, NUMBER_RANGES[a.number_ranges]),
+                                                   end_marker=a.end_marker),
         heldout=lambda n: arith_tasks.make_requests(n, "heldout"), heldout_seed=arith_tasks.HELDOUT_SEED,
         generation=demo_generation_config, score=final_answer_matches)
 
@@ -655,6 +668,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--number-ranges", choices=sorted(NUMBER_RANGES), default="shipped",
                    help="arith only: the numbers the training problems draw (arith/tasks.py RANGES, or WIDE_RANGES "
                         "for a first phase)")
+    p.add_argument("--no-end-marker", dest="end_marker", action="store_false",
+                   help="arith only: train on the stories before the last-day marker (arith/tasks.py "
+                        "make_problem; the shipped model's first two phases)")
+    p.add_argument("--semi-ar", type=float, default=0.0,
+                   help="fraction of samples masked as semi-autoregressive block decoding leaves a window "
+                        "(clean blocks, the current block at rate t, later blocks all masked; training_loss)")
     p.add_argument("--number-values", action="store_true",
                    help="fresh models: number tokens' embeddings start with value features (init_number_values)")
     p.add_argument("--save-dtype", choices=["float16", "float32"], default="float16")
@@ -685,6 +704,8 @@ def main(argv=None) -> dict:
     wl = WORKLOADS[args.workload]()
     if wl.name != "arith" and args.number_ranges != "shipped":
         raise ValueError(f"--number-ranges is an option of the arith workload, not of {wl.name}")
+    if wl.name != "arith" and not args.end_marker:
+        raise ValueError(f"--no-end-marker is an option of the arith workload, not of {wl.name}")
     if not wl.multimodal:
         used = [f"--{k.replace('_', '-')}" for k in ("vision_steps", "align_steps", "image_focus")
                 if getattr(args, k)] + [f"--{k.replace('_', '-')}" for k in ("freeze_projector", "train_vision")
@@ -767,6 +788,7 @@ def main(argv=None) -> dict:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16 and device.type == "cpu"):
             loss = training_loss(model, tok, reqs, mask_gen, window=window, eps=1e-3,
                                  prefix_lm_fraction=args.prefix_lm_fraction, window_cut=args.window_cut,
+                                 semi_ar=args.semi_ar,
                                  vision_fp32=vision_staged)
         sft_step(model, opt, loss)
         running += loss.item()

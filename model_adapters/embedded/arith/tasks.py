@@ -222,8 +222,10 @@ class Story:
     changes: tuple[Change, ...]
 
 
-def make_problem(rng: np.random.Generator, *, ranges: Ranges = RANGES) -> Story:
-    """One story with 2..6 arithmetic steps, its numbers drawn in ``ranges``."""
+def make_problem(rng: np.random.Generator, *, ranges: Ranges = RANGES, end_marker: bool = True) -> Story:
+    """One story with 2..6 arithmetic steps, its numbers drawn in ``ranges``; with ``end_marker``
+    its last change says so (:data:`LAST_DAY_TAG`), without it every change reads "on <day>" (the
+    stories before the marker, which the shipped model's first two phases trained on)."""
     while True:
         n_steps = int(rng.integers(MIN_STEPS, MAX_STEPS + 1))
         n_groups = int(rng.integers(0, n_steps // 2 + 1))  # each group change is two steps
@@ -238,7 +240,7 @@ def make_problem(rng: np.random.Generator, *, ranges: Ranges = RANGES) -> Story:
     pron, items = NAMES[name], _pick(rng, ITEMS)
     opening = _pick(rng, [f"{name} has {start} {items} .", f"{name} starts with {start} {items} .",
                           f"{name} owns {start} {items} ."])
-    last = len(drawn) - 1
+    last = len(drawn) - 1 if end_marker else -1
     changes = tuple(Change(s, a, c, z, (LAST_DAY_TAG if i == last else "on {day}").format(day=day) + " "
                            + _change_sentence(rng, (s, a, c, z), name, items))
                     for i, (day, (s, a, c, z)) in enumerate(zip(DAYS, drawn)))
@@ -255,8 +257,10 @@ LATER_DAY_TAGS = ("then on {day} ,",)
 LAST_DAY_TAG = "at the end , on {day}"
 
 
-def write_solution(rng: np.random.Generator, story: Story) -> str:
-    """One worked solution of ``story``, drawn among the equally valid ones (module docstring)."""
+def write_solution(rng: np.random.Generator, story: Story, *, end_marker: bool = True) -> str:
+    """One worked solution of ``story``, drawn among the equally valid ones (module docstring);
+    ``end_marker`` as :func:`make_problem`'s (without it the last step's day tag is drawn like
+    the others' and a closing sentence may read "at the end <name> has ...")."""
     name, items, start, changes = story.name, story.items, story.start, story.changes
     pron = NAMES[name]
     parts: list[str] = []
@@ -269,7 +273,7 @@ def write_solution(rng: np.random.Generator, story: Story) -> str:
             parts.append(lead + f"{day} : " + _pick(rng, TIMES_FORMS).format(m=c.count, k=c.size, p=c.amount))
     value = start
     for i, (day, c) in enumerate(zip(DAYS, changes)):
-        if i == len(changes) - 1:
+        if end_marker and i == len(changes) - 1:
             parts.append(LAST_DAY_TAG.format(day=day) + " ,")
         else:
             parts.append(_pick(rng, DAY_TAGS if i == 0 else DAY_TAGS + LATER_DAY_TAGS).format(day=day))
@@ -288,17 +292,18 @@ def write_solution(rng: np.random.Generator, story: Story) -> str:
         if rng.random() < 0.25:
             parts.append(_pick(rng, [f"now {pron} has {value} .", f"so {pron} has {value} {items} ."]))
     if rng.random() < 0.5:
-        parts.append(_pick(rng, [f"so {name} has {value} {items} now .", f"now {name} has {value} {items} ."]))
+        parts.append(_pick(rng, [f"so {name} has {value} {items} now .", f"now {name} has {value} {items} ." if end_marker else f"at the end {name} has {value} {items} ."]))
     parts.append(f"answer {value}")
     return " ".join(parts)
 
 
-def make_request(rng: np.random.Generator, *, ranges: Ranges = RANGES) -> ArithRequest:
-    """One problem (numbers in ``ranges``) and one of its worked solutions, 20..120 answer tokens long."""
+def make_request(rng: np.random.Generator, *, ranges: Ranges = RANGES, end_marker: bool = True) -> ArithRequest:
+    """One problem (numbers in ``ranges``) and one of its worked solutions, 20..120 answer tokens
+    long (``end_marker``: :func:`make_problem`)."""
     while True:
-        story = make_problem(rng, ranges=ranges)
+        story = make_problem(rng, ranges=ranges, end_marker=end_marker)
         for _ in range(8):  # a wording of the right length; a 2-step story's terse ones are too short
-            answer = write_solution(rng, story)
+            answer = write_solution(rng, story, end_marker=end_marker)
             if MIN_ANSWER_TOKENS <= len(answer.split()) <= MAX_ANSWER_TOKENS:
                 value = story.start + sum(c.sign * c.amount for c in story.changes)
                 n_steps = len(story.changes) + sum(c.is_group for c in story.changes)
@@ -352,16 +357,16 @@ class RequestStream:
     reads the demo model's: ``drill`` is the probability of an arithmetic drill
     (:func:`make_drill`) instead of a word problem; ``ranges`` the numbers both draw."""
 
-    def __init__(self, seed: int, *, drill: float = 0.0, ranges: Ranges = RANGES):
+    def __init__(self, seed: int, *, drill: float = 0.0, ranges: Ranges = RANGES, end_marker: bool = True):
         if not 0.0 <= drill <= 1.0:
             raise ValueError(f"drill must be a probability in [0, 1], got {drill!r}")
         self.rng = np.random.default_rng([seed, 0])
-        self.drill, self.ranges = drill, ranges
+        self.drill, self.ranges, self.end_marker = drill, ranges, end_marker
 
     def _one(self) -> ArithRequest:
         if self.drill and self.rng.random() < self.drill:
             return make_drill(self.rng, ranges=self.ranges)
-        return make_request(self.rng, ranges=self.ranges)
+        return make_request(self.rng, ranges=self.ranges, end_marker=self.end_marker)
 
     def next_batch(self, k: int) -> list[ArithRequest]:
         return [self._one() for _ in range(k)]
