@@ -48,14 +48,25 @@ def tiny_random_model(kind: str = "lavida-llada", *, seed: int = 0):
     return build_model(tiny_config(kind))
 
 
-def embedded():
-    """The embedded demo model's serving helpers (``model_adapters.embedded.serving``):
-    ``load_embedded``, ``demo_requests``, ``calibration_requests``, ``demo_generation_config``,
-    ``default_seer_config``."""
-    from .embedded import serving
+EMBEDDED_WORKLOADS = ("demo", "arith")
 
+
+def embedded(workload: str = "demo"):
+    """An embedded model's serving helpers: ``"demo"`` (the demo DMLLM,
+    ``model_adapters.embedded.serving``) or ``"arith"`` (the word-problem model,
+    ``model_adapters.embedded.arith.serving``). Each has ``load_embedded``, ``demo_requests``,
+    ``calibration_requests``, ``demo_generation_config``, ``default_seer_config``,
+    ``default_dyllm_config``, ``answer_figures`` and the demo's ``DEMO_REQUESTS``,
+    ``DEMO_BATCH``, ``DESCRIPTION``, ``MODEL_DIR``."""
+    if workload == "demo":
+        from .embedded import serving
+    elif workload == "arith":
+        from .embedded.arith import serving
+    else:
+        raise ValueError(f"workload must be one of {EMBEDDED_WORKLOADS}, got {workload!r}")
     return serving
 
 
-__all__ = ["build_model", "embedded", "load_image", "load_model", "load_tokenizer", "prepare_image",
+__all__ = ["EMBEDDED_WORKLOADS", "build_model", "embedded", "load_image", "load_model", "load_tokenizer",
+           "prepare_image",
            "tiny_random_model"]

@@ -39,14 +39,19 @@ SPECIAL_TOKENS = [UNK, BOS, EOS, MASK, START_HEADER, END_HEADER, EOT]
 IMAGE_MARKER = "<image>"
 
 
-def build_tokenizer():
-    """The word-level ``tokenizers.Tokenizer``: special tokens (ids 0..6) then the task words."""
+def build_tokenizer(words: list[str] | None = None):
+    """The word-level ``tokenizers.Tokenizer``: special tokens (ids 0..6) then the task words.
+
+    words: the ordinary words in id order (default: the demo model's, ``tasks.vocabulary_words``;
+    the ``arith`` workload passes its own)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    from .tasks import vocabulary_words
+    if words is None:
+        from .tasks import vocabulary_words
 
+        words = vocabulary_words()
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
-    for w in vocabulary_words():
+    for w in words:
         vocab.setdefault(w, len(vocab))
     tok = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()

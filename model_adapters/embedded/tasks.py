@@ -339,14 +339,20 @@ def make_requests(n: int, split: str = "heldout", seed: int | None = None) -> li
     ``seed`` overrides the split's seed (:data:`TRAIN_SEED` / :data:`HELDOUT_SEED`); the held-out
     split is drawn from a stream disjoint from any training seed below 1,000,000.
     """
+    rng = split_rng(split, n, seed, train_seed=TRAIN_SEED, heldout_seed=HELDOUT_SEED)
+    return [make_request(rng) for _ in range(n)]
+
+
+def split_rng(split: str, n: int, seed: int | None, *, train_seed: int, heldout_seed: int) -> np.random.Generator:
+    """The generator of a split's ``n`` requests (checked: ``split`` "train" or "heldout", ``n`` an
+    int >= 0); ``seed`` None takes the split's own seed. Shared by the embedded models' tasks."""
     if split not in ("train", "heldout"):
         raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
-    if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"n must be an int >= 0, got {n!r}")
     if seed is None:
-        seed = TRAIN_SEED if split == "train" else HELDOUT_SEED
-    rng = np.random.default_rng([seed, 0 if split == "train" else 1])
-    return [make_request(rng) for _ in range(n)]
+        seed = train_seed if split == "train" else heldout_seed
+    return np.random.default_rng([seed, 0 if split == "train" else 1])
 
 
 class RequestStream:

@@ -1,6 +1,12 @@
 """Train the embedded demo model: a small LaViDa-LLaDA on the procedural tasks of ``tasks.py``.
 
     python -m model_adapters.embedded.train [--minutes 60] [--seed 0] [--out DIR]
+    python -m model_adapters.embedded.train --workload arith ...
+
+``--workload`` chooses the model (:data:`WORKLOADS`): ``demo`` (this docstring's DMLLM, the
+default) or ``arith``, a text-only LLaDA on the word problems of ``arith/tasks.py`` (window 128,
+decoded in blocks of 32 at its held-out checks, scored by the final answer); the same recipe,
+without the vision options.
 
 Recipe (LLaDA SFT, ``reference/MODELS.md`` §1.7; LaViDa §4.4-4.5):
 
@@ -54,6 +60,8 @@ import math
 import platform
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -95,6 +103,21 @@ def model_config(tok: EmbeddedTokenizer, *, d_model: int = 192, n_layers: int = 
     return cfg
 
 
+def text_model_config(tok: EmbeddedTokenizer, *, window: int, d_model: int, n_layers: int, n_heads: int,
+                      mlp_hidden: int, max_prompt: int = 96) -> dict:
+    """The ``config.json`` of a text-only embedded model (an ``llada`` of the given size, LLaDA's
+    architecture and special-token roles; room for ``max_prompt`` prompt tokens and ``window``)."""
+    from model_adapters.configs import LLADA_8B_INSTRUCT
+
+    vocab = tok.vocab_size
+    cfg = dict(LLADA_8B_INSTRUCT)
+    cfg.update(d_model=d_model, n_heads=n_heads, n_kv_heads=n_heads, n_layers=n_layers, mlp_hidden_size=mlp_hidden,
+               mlp_ratio=mlp_hidden / d_model, vocab_size=vocab, embedding_size=vocab, rope_theta=10000.0,
+               max_sequence_length=max_prompt + window, precision="fp32", response_window=window,
+               **tok.config_ids())
+    return cfg
+
+
 def init_weights(model: torch.nn.Module, n_layers: int, generator: torch.Generator) -> None:
     """GPT-style init everywhere, the vision tower included: N(0, 0.02) weights (residual output
     projections scaled by 1/sqrt(2 n_layers)), zero biases, unit norms.
@@ -117,6 +140,30 @@ def init_weights(model: torch.nn.Module, n_layers: int, generator: torch.Generat
                 p.normal_(0.0, small, generator=generator)
             else:
                 p.normal_(0.0, 0.02, generator=generator)
+
+
+def init_number_values(model: torch.nn.Module, tok: EmbeddedTokenizer, *, scale: float = 0.05) -> list[int]:
+    """Give every number token's input embedding its value: dimension 0 holds ``v / 100 * 20 *
+    scale`` (a ramp), dimensions 1-4 ``scale * (cos, sin)(2 pi v / 10)`` and ``(2 pi v / 100)``;
+    the other dimensions keep their random init. Returns the token ids set.
+
+    Why: with value features in the embedding, ``x + k`` is a sum of two fetched vectors and the
+    readout a linear map, where random embeddings leave every fact to be memorised; the arith
+    workload's results are such sums (a number word is one token, ``"0"`` .. ``"99"``)."""
+    vocab = tok.tokenizer.get_vocab()
+    emb = model.model.transformer.wte.weight
+    ids = []
+    with torch.no_grad():
+        for word, i in vocab.items():
+            if not word.isdigit():
+                continue
+            v = int(word)
+            two_pi = 2 * math.pi
+            emb[i, 0] = 20 * scale * v / 100
+            emb[i, 1], emb[i, 2] = scale * math.cos(two_pi * v / 10), scale * math.sin(two_pi * v / 10)
+            emb[i, 3], emb[i, 4] = scale * math.cos(two_pi * v / 100), scale * math.sin(two_pi * v / 100)
+            ids.append(i)
+    return ids
 
 
 # ------------------------------------------------------------------------------------ vision stage
@@ -280,7 +327,7 @@ def run_vision_stage(model, tok: EmbeddedTokenizer, *, vision_steps: int, align_
 def prompt_batch(model, tok: EmbeddedTokenizer, reqs: list[TaskRequest]):
     """Prompt embeddings ``[B, Lp, D]`` and bool key mask ``[B, Lp]`` (left-padded) for requests."""
     ids, mask = tok.pad_batch([tok.chat_prompt(r.question, r.has_image) for r in reqs])
-    images = [r.image_input() for r in reqs]
+    images = [r.image_input() for r in reqs] if model.is_multimodal else None
     embeds, pmask = model.embed_prompt(ids.to(model.device), mask.to(model.device), images)
     if pmask is None:
         pmask = torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device)
@@ -289,7 +336,7 @@ def prompt_batch(model, tok: EmbeddedTokenizer, reqs: list[TaskRequest]):
 
 def training_loss(model, tok: EmbeddedTokenizer, reqs: list[TaskRequest], gen: torch.Generator, *,
                   window: int, eps: float, prefix_lm_fraction: float, window_cut: float = 0.0,
-                  vision_fp32: bool = False) -> torch.Tensor:
+                  vision_fp32: bool = False, semi_ar: float = 0.0, block: int = 32) -> torch.Tensor:
     """LLaDA's SFT loss on one batch (see the module docstring).
 
     window_cut: the probability that a sample's window is cut to a random length between its
@@ -299,6 +346,12 @@ def training_loss(model, tok: EmbeddedTokenizer, reqs: list[TaskRequest], gen: t
     removes the tail (measured: 41 of 96 answers moved with an exact cut).
 
     vision_fp32: compute the prompt embeddings (image tokens included) outside autocast.
+
+    semi_ar: the probability that a sample is masked as semi-autoregressive decoding leaves a
+    window (block-aligned, ``block`` positions): a random number of leading blocks clean, the
+    next block masked at rate t, every block after it fully masked. Uniform masking (LLaDA's)
+    almost never shows a decoded prefix before an all-mask suffix, the state every block after
+    the first is decoded from.
     """
     from seer_runtime.adapter import PaddedLayout
 
@@ -309,6 +362,12 @@ def training_loss(model, tok: EmbeddedTokenizer, reqs: list[TaskRequest], gen: t
     strata = (torch.randperm(b, generator=gen) + torch.rand(b, generator=gen)) / b
     t = eps + (1.0 - eps) * strata
     masked = torch.rand(b, window, generator=gen) < t[:, None]
+    if semi_ar > 0:
+        blocks = -(-window // block)
+        start = torch.randint(0, blocks, (b,), generator=gen) * block  # the block being decoded
+        pos = torch.arange(window)[None]
+        in_order = (pos >= start[:, None]) & ((pos >= start[:, None] + block) | masked)
+        masked = torch.where((torch.rand(b, generator=gen) < semi_ar)[:, None], in_order, masked)
     prefix_lm = torch.rand(b, generator=gen) < prefix_lm_fraction
     target, masked, t, prefix_lm = target.to(dev), masked.to(dev), t.to(dev), prefix_lm.to(dev)
     noisy = torch.where(masked, torch.full_like(target, tok.mask_id), target)
@@ -421,16 +480,20 @@ def evaluate_step0(model, tok: EmbeddedTokenizer, reqs: list[TaskRequest], *, wi
 
 @torch.no_grad()
 def decode_requests(model, tok: EmbeddedTokenizer, reqs: list[TaskRequest], *, window: int = RESPONSE_WINDOW,
-                    prefix_cache: bool = True, seer=None):
-    """Decode ``reqs`` with ``seer_runtime.generate`` (gen_length = steps = block_length = W,
-    argmax, low-confidence remasking) -> the engine's ``GenerationOutput``."""
+                    prefix_cache: bool = True, seer=None, gen=None):
+    """Decode ``reqs`` with ``seer_runtime.generate`` -> the engine's ``GenerationOutput``.
+
+    gen: the ``GenerationConfig`` (default: gen_length = steps = block_length = ``window``,
+    argmax, low-confidence remasking, ``prefix_cache``)."""
     import seer_runtime
 
-    gen = seer_runtime.GenerationConfig(gen_length=window, steps=window, block_length=window,
-                                        prefix_cache=prefix_cache)
+    if gen is None:
+        gen = seer_runtime.GenerationConfig(gen_length=window, steps=window, block_length=window,
+                                            prefix_cache=prefix_cache)
     ids, mask = tok.pad_batch([tok.chat_prompt(r.question, r.has_image) for r in reqs])
+    images = [r.image_input() for r in reqs] if model.is_multimodal else None
     return seer_runtime.generate(model, ids.to(model.device), attention_mask=mask.to(model.device),
-                                 images=[r.image_input() for r in reqs], gen=gen, seer=seer)
+                                 images=images, gen=gen, seer=seer)
 
 
 def exact_matches(tok: EmbeddedTokenizer, reqs: list[TaskRequest], out) -> list[bool]:
@@ -448,14 +511,19 @@ def exact_matches(tok: EmbeddedTokenizer, reqs: list[TaskRequest], out) -> list[
 @torch.no_grad()
 def evaluate_decoding(model, tok: EmbeddedTokenizer, reqs: list[TaskRequest], *,
                       window: int = RESPONSE_WINDOW, batch_size: int = 50,
-                      per_kind: bool = False) -> dict:
-    """Held-out exact match of the baseline decoder (prefix cache on)."""
+                      per_kind: bool = False, gen=None, score=None) -> dict:
+    """Held-out score of the baseline decoder (prefix cache on).
+
+    gen: the decoding (default: :func:`decode_requests`'s for ``window``); score:
+    ``(tok, reqs, out) -> per-request bools`` (default :func:`exact_matches`), reported as
+    ``exact_match``."""
+    score = score or exact_matches
     was_training = model.training
     model.eval()
     hits: list[bool] = []
     for s in range(0, len(reqs), batch_size):
         chunk = reqs[s: s + batch_size]
-        hits += exact_matches(tok, chunk, decode_requests(model, tok, chunk, window=window))
+        hits += score(tok, chunk, decode_requests(model, tok, chunk, window=window, gen=gen))
     model.train(was_training)
     res = {"requests": len(reqs), "exact_match": sum(hits) / max(len(reqs), 1)}
     if per_kind:
@@ -466,6 +534,75 @@ def evaluate_decoding(model, tok: EmbeddedTokenizer, reqs: list[TaskRequest], *,
             k[1] += h
         res["per_kind"] = {k: round(v[1] / v[0], 4) for k, v in sorted(kinds.items())}
     return res
+
+
+# ------------------------------------------------------------------------------------ workloads
+@dataclass(frozen=True)
+class Workload:
+    """What the trainer needs to know about one embedded model's tasks (``--workload``).
+
+    out_dir: where the model ships; window: the response window; words: the tokenizer's ordinary
+    words; model_config: ``(tok, args) -> config.json``; stream: ``args -> object with
+    next_batch(k)``; heldout: ``n -> held-out requests`` (seed ``heldout_seed``); generation:
+    ``() -> GenerationConfig`` of the held-out decoding (None: :func:`decode_requests`'s
+    default); score: ``(tok, reqs, out) -> bools`` (None: :func:`exact_matches`);
+    multimodal: whether the model has the vision path (the ``--vision-*``, ``--align-steps``,
+    ``--freeze-projector``, ``--train-vision`` and ``--image-focus`` options need it).
+    """
+
+    name: str
+    out_dir: Path
+    window: int
+    words: Callable[[], list[str]]
+    model_config: Callable[[EmbeddedTokenizer, argparse.Namespace], dict]
+    stream: Callable[[argparse.Namespace], object]
+    heldout: Callable[[int], list]
+    heldout_seed: int
+    generation: Callable[[], object] | None = None
+    score: Callable[[EmbeddedTokenizer, list, object], list[bool]] | None = None
+    multimodal: bool = False
+
+
+def _demo_workload() -> Workload:
+    from .tasks import vocabulary_words
+
+    return Workload(
+        name="demo", out_dir=EMBEDDED_DIR, window=RESPONSE_WINDOW, words=vocabulary_words,
+        model_config=lambda tok, a: model_config(tok, d_model=a.d_model, n_layers=a.layers, n_heads=a.heads,
+                                                 mlp_hidden=a.mlp, vision_hidden=a.vision_hidden),
+        stream=lambda a: RequestStream(a.seed, image_focus=a.image_focus, drill=a.drill),
+        heldout=lambda n: make_requests(n, "heldout", seed=HELDOUT_SEED), heldout_seed=HELDOUT_SEED,
+        multimodal=True)
+
+
+def final_answer_matches(tok: EmbeddedTokenizer, reqs: list, out) -> list[bool]:
+    """Per ``arith`` request: the decoded solution ends with ``answer N``, N the problem's answer."""
+    from .arith.tasks import score
+
+    return [score(r, tok.decode(out.answer_ids(i))) for i, r in enumerate(reqs)]
+
+
+def _arith_workload() -> Workload:
+    from .arith import ARITH_DIR
+    from .arith import RESPONSE_WINDOW as ARITH_WINDOW
+    from .arith import tasks as arith_tasks
+    from .arith.serving import demo_generation_config
+
+    return Workload(
+        name="arith", out_dir=ARITH_DIR, window=ARITH_WINDOW, words=arith_tasks.vocabulary_words,
+        model_config=lambda tok, a: text_model_config(tok, window=ARITH_WINDOW, d_model=a.d_model, n_layers=a.layers,
+                                                      n_heads=a.heads, mlp_hidden=a.mlp),
+        stream=lambda a: arith_tasks.RequestStream(a.seed, drill=a.drill,
+                                                   ranges=getattr(arith_tasks, NUMBER_RANGES[a.number_ranges]),
+                                                   end_marker=a.end_marker),
+        heldout=lambda n: arith_tasks.make_requests(n, "heldout"), heldout_seed=arith_tasks.HELDOUT_SEED,
+        generation=demo_generation_config, score=final_answer_matches)
+
+
+WORKLOADS = {"demo": _demo_workload, "arith": _arith_workload}
+#: ``--number-ranges`` of the arith workload (names in ``arith/tasks.py``): its own problems, or
+#: the wider ones its first training phase draws
+NUMBER_RANGES = {"shipped": "RANGES", "wide": "WIDE_RANGES"}
 
 
 # ------------------------------------------------------------------------------------ main
@@ -482,8 +619,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--minutes", type=float, default=60.0,
                    help="budget in reference-machine minutes, converted to a fixed step count (default 60)")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps (overrides --minutes)")
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default="demo",
+                   help="which embedded model: the demo DMLLM (default) or the arith word-problem model")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=EMBEDDED_DIR)
+    p.add_argument("--out", type=Path, default=None, help="output directory (default: the workload's shipped one)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads (default 1: on 2 shared busy cores, 2 threads ran 6x slower)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
@@ -499,6 +638,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prefix-lm-fraction", type=float, default=0.5)
     p.add_argument("--eval-every", type=int, default=0, help="steps between held-out checks (0: 6 per run)")
     p.add_argument("--eval-requests", type=int, default=256)
+    p.add_argument("--eval-decode", type=int, default=96, help="held-out requests decoded at each check")
     p.add_argument("--final-eval-requests", type=int, default=1000)
     p.add_argument("--init-from", type=Path, default=None,
                    help="start from the weights and config of a directory this script wrote (phase 2)")
@@ -510,7 +650,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--image-focus", type=float, default=0.0,
                    help="fraction of each batch drawn from the image families only (a reading phase)")
     p.add_argument("--drill", type=float, default=0.0,
-                   help="fraction of each batch drawn as reading drills (tasks.make_drill; training only)")
+                   help="fraction of each batch drawn as drills (training only): reading drills for the demo model "
+                        "(tasks.make_drill), arithmetic drills for arith (arith/tasks.make_drill)")
     p.add_argument("--vision-steps", type=int, default=0,
                    help="stage-0 steps of the vision tower alone, then a refit projector and a frozen tower "
                         "(fresh models only, not with --init-from; 0: none)")
@@ -524,6 +665,17 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "at the word embeddings' scale instead of growing hundreds of times larger")
     p.add_argument("--window-cut", type=float, default=0.0,
                    help="probability of training a sample on a window cut after its answer (Seer-robustness)")
+    p.add_argument("--number-ranges", choices=sorted(NUMBER_RANGES), default="shipped",
+                   help="arith only: the numbers the training problems draw (arith/tasks.py RANGES, or WIDE_RANGES "
+                        "for a first phase)")
+    p.add_argument("--no-end-marker", dest="end_marker", action="store_false",
+                   help="arith only: train on the stories before the last-day marker (arith/tasks.py "
+                        "make_problem; the shipped model's first two phases)")
+    p.add_argument("--semi-ar", type=float, default=0.0,
+                   help="fraction of samples masked as semi-autoregressive block decoding leaves a window "
+                        "(clean blocks, the current block at rate t, later blocks all masked; training_loss)")
+    p.add_argument("--number-values", action="store_true",
+                   help="fresh models: number tokens' embeddings start with value features (init_number_values)")
     p.add_argument("--save-dtype", choices=["float16", "float32"], default="float16")
     p.add_argument("--no-bf16", dest="bf16", action="store_false",
                    help="train in plain fp32 (default on CPU: bf16 autocast, fp32 master weights)")
@@ -549,10 +701,21 @@ def main(argv=None) -> dict:
                          "(a later phase inherits the frozen tower from the first phase's train_log.json)")
     if args.align_steps > 0 and args.vision_steps == 0:
         raise ValueError("--align-steps needs --vision-steps (the alignment follows the vision stage)")
+    wl = WORKLOADS[args.workload]()
+    if wl.name != "arith" and args.number_ranges != "shipped":
+        raise ValueError(f"--number-ranges is an option of the arith workload, not of {wl.name}")
+    if wl.name != "arith" and not args.end_marker:
+        raise ValueError(f"--no-end-marker is an option of the arith workload, not of {wl.name}")
+    if not wl.multimodal:
+        used = [f"--{k.replace('_', '-')}" for k in ("vision_steps", "align_steps", "image_focus")
+                if getattr(args, k)] + [f"--{k.replace('_', '-')}" for k in ("freeze_projector", "train_vision")
+                                        if getattr(args, k)]
+        if used:
+            raise ValueError(f"{', '.join(used)} need the vision path; the {wl.name} workload is text only")
+    window = wl.window
 
-    tok = EmbeddedTokenizer(build_tokenizer())
-    cfg = model_config(tok, d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
-                       mlp_hidden=args.mlp, vision_hidden=args.vision_hidden)
+    tok = EmbeddedTokenizer(build_tokenizer(wl.words()))
+    cfg = wl.model_config(tok, args)
     if args.init_from is not None:
         from model_adapters.loading import load_model
 
@@ -563,6 +726,8 @@ def main(argv=None) -> dict:
     else:
         model = build_model(cfg, device=device)
         init_weights(model, args.layers, torch.Generator().manual_seed(args.seed))
+        if args.number_values:
+            init_number_values(model, tok)
     vision_stage = None
     if args.vision_steps > 0:
         vision_stage = run_vision_stage(model, tok, vision_steps=args.vision_steps, align_steps=args.align_steps,
@@ -576,10 +741,11 @@ def main(argv=None) -> dict:
     vision_staged = args.vision_steps > 0 or bool(
         previous_log and previous_log.get("vision_staged", previous_log.get("vision_stage") is not None))
     frozen = vision_staged and not args.train_vision
-    for p in model.model.vision_tower.parameters():
-        p.requires_grad_(not frozen)
-    for p in model.model.mm_projector.parameters():
-        p.requires_grad_(not args.freeze_projector)
+    if wl.multimodal:
+        for p in model.model.vision_tower.parameters():
+            p.requires_grad_(not frozen)
+        for p in model.model.mm_projector.parameters():
+            p.requires_grad_(not args.freeze_projector)
     model.train()
     n_params = sum(p.numel() for p in model.parameters())
 
@@ -590,9 +756,10 @@ def main(argv=None) -> dict:
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.98), eps=1e-8)
     warmup = args.warmup if args.warmup is not None else max(1, min(300, steps // 20))
-    stream = RequestStream(args.seed, image_focus=args.image_focus, drill=args.drill)
+    stream = wl.stream(args)
     mask_gen = torch.Generator().manual_seed(args.seed + 1)
-    heldout = make_requests(max(args.eval_requests, args.final_eval_requests), "heldout", seed=HELDOUT_SEED)
+    heldout = wl.heldout(max(args.eval_requests, args.final_eval_requests))
+    gen = wl.generation() if wl.generation is not None else None
     probe = heldout[: args.eval_requests]
 
     log = {"command": " ".join([sys.executable.split("/")[-1], "-m", "model_adapters.embedded.train",
@@ -600,7 +767,7 @@ def main(argv=None) -> dict:
            "seed": args.seed, "minutes": args.minutes, "steps": steps, "stopped_at": stop_at,
            "init_from": None if args.init_from is None else str(args.init_from),
            "args": {k: str(v) for k, v in vars(args).items()},
-           "parameters": n_params, "window": RESPONSE_WINDOW, "vision_stage": vision_stage,
+           "workload": wl.name, "parameters": n_params, "window": window, "vision_stage": vision_stage,
            "vision_staged": vision_staged, "vision_tower_frozen": frozen,
            "projector_frozen": args.freeze_projector,
            "machine": f"{platform.machine()} {platform.processor()} {torch.get_num_threads()} threads, "
@@ -608,8 +775,8 @@ def main(argv=None) -> dict:
            "loss_curve": [], "eval_curve": []}
     if previous_log is not None:
         log["previous_phase"] = previous_log
-    print(f"embedded demo model: {n_params:,} parameters, {steps} steps of batch {args.batch_size}, "
-          f"window {RESPONSE_WINDOW}, device {device}", flush=True)
+    print(f"embedded {wl.name} model: {n_params:,} parameters, {steps} steps of batch {args.batch_size}, "
+          f"window {window}, device {device}", flush=True)
     start = time.perf_counter()
     running, running_n = 0.0, 0
     bar = tqdm(range(stop_at), desc="train", dynamic_ncols=True, mininterval=2.0)
@@ -619,8 +786,9 @@ def main(argv=None) -> dict:
             group["lr"] = lr
         reqs = stream.next_batch(args.batch_size)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16 and device.type == "cpu"):
-            loss = training_loss(model, tok, reqs, mask_gen, window=RESPONSE_WINDOW, eps=1e-3,
+            loss = training_loss(model, tok, reqs, mask_gen, window=window, eps=1e-3,
                                  prefix_lm_fraction=args.prefix_lm_fraction, window_cut=args.window_cut,
+                                 semi_ar=args.semi_ar,
                                  vision_fp32=vision_staged)
         sft_step(model, opt, loss)
         running += loss.item()
@@ -631,22 +799,22 @@ def main(argv=None) -> dict:
             bar.set_postfix(loss=f"{running / running_n:.4f}", lr=f"{lr:.2e}")
             running, running_n = 0.0, 0
         if (step + 1) % eval_every == 0 and step + 1 < stop_at:
-            m = evaluate_step0(model, tok, probe)
-            dec = evaluate_decoding(model, tok, probe[:96])
+            m = evaluate_step0(model, tok, probe, window=window)
+            dec = evaluate_decoding(model, tok, probe[: args.eval_decode], window=window, gen=gen, score=wl.score)
             m.update(step=step + 1, elapsed_s=round(time.perf_counter() - start, 1),
-                     exact_match_96=dec["exact_match"])
+                     exact_match_96=dec["exact_match"], decoded=args.eval_decode)
             log["eval_curve"].append(m)
             if args.checkpoint_dir is not None:
                 save_model(model, Path(args.checkpoint_dir) / f"step{step + 1}")
-                build_tokenizer().save(str(Path(args.checkpoint_dir) / f"step{step + 1}" / "tokenizer.json"))
+                build_tokenizer(wl.words()).save(str(Path(args.checkpoint_dir) / f"step{step + 1}" / "tokenizer.json"))
             bar.write(f"step {step + 1}: held-out step-0 length acc {m['step0_length_acc']:.3f}, "
                       f"token acc {m['step0_token_acc']:.3f}, window exact {m['step0_window_exact']:.3f}, "
-                      f"decoded exact match (96) {m['exact_match_96']}")
+                      f"decoded exact match ({args.eval_decode}) {m['exact_match_96']}")
     train_s = time.perf_counter() - start
     log["train_seconds"] = round(train_s, 1)
 
     model.eval()
-    out_dir = Path(args.out)
+    out_dir = Path(args.out) if args.out is not None else wl.out_dir
     save_dtype = torch.float16 if args.save_dtype == "float16" else torch.float32
     stored = {k: v.detach().cpu().to(save_dtype) for k, v in model.state_dict().items()}
     shipped = build_model(cfg, device="cpu", dtype=save_dtype)
@@ -654,15 +822,26 @@ def main(argv=None) -> dict:
     # evaluate what is shipped: the stored weights, upcast to fp32 as load_embedded does
     final_model = build_model(cfg, device=device)
     final_model.load_state_dict({k: v.float() for k, v in stored.items()})
-    final = evaluate_step0(final_model, tok, heldout[: args.final_eval_requests], per_kind=True)
-    dec = evaluate_decoding(final_model, tok, heldout[: args.final_eval_requests], per_kind=True)
-    log["heldout"] = {"seed": HELDOUT_SEED, **final, "decoding": dec, "weights": args.save_dtype}
+    final = evaluate_step0(final_model, tok, heldout[: args.final_eval_requests], window=window, per_kind=True)
+    dec = evaluate_decoding(final_model, tok, heldout[: args.final_eval_requests], window=window, per_kind=True,
+                            gen=gen, score=wl.score)
+    log["heldout"] = {"seed": wl.heldout_seed, **final, "decoding": dec, "weights": args.save_dtype}
     print(json.dumps({k: v for k, v in final.items() if k != "per_kind"}, indent=1))
     print(f"held-out exact match (baseline decoder): {dec['exact_match']:.4f}")
 
     out_dir.mkdir(parents=True, exist_ok=True)
     save_model(shipped, out_dir)
-    build_tokenizer().save(str(out_dir / "tokenizer.json"))
+    build_tokenizer(wl.words()).save(str(out_dir / "tokenizer.json"))
+    if gen is not None:  # the decoding defaults ship beside the weights, as a checkpoint's (`seer generate`)
+        from dataclasses import asdict, fields
+
+        from seer_runtime import GenerationConfig
+        from seer_runtime.cli.options import GENERATION_FILE
+
+        default = GenerationConfig()
+        changed = {f.name: v for f, v in zip(fields(gen), asdict(gen).values())
+                   if f.name in ("gen_length", "steps", "block_length") or v != getattr(default, f.name)}
+        (out_dir / GENERATION_FILE).write_text(json.dumps(changed, indent=1, sort_keys=True) + "\n")
     with open(out_dir / "train_log.json", "w") as f:
         json.dump(log, f, indent=1)
     print(f"wrote {out_dir} ({train_s / 60:.1f} min of training)")

@@ -35,6 +35,7 @@ from dataclasses import replace
 from ..config import GenerationConfig
 from ..dyllm import DyLLMConfig
 from ..evaluate import Request, run_requests
+from .seer import exact_match
 
 #: the taus tried besides the family default (the paper's sweep range)
 TAU_GRID = (0.98, 0.99, 0.995, 0.9975)
@@ -75,14 +76,16 @@ def choose(candidates: list[dict], baseline_accuracy: float, max_drop: float) ->
 
 def calibrate_dyllm(model, requests: list[Request], gen: GenerationConfig, *, max_drop: float = 0.01,
                     taus: tuple[float, ...] | None = None, full_steps: int = 4, prompt_period: int = 4,
-                    batch_size: int = 16, progress: bool = False, log=print) -> dict:
+                    batch_size: int = 16, progress: bool = False, score=None, log=print) -> dict:
     """Choose a :class:`DyLLMConfig` for ``model`` on ``requests`` (see the module docstring).
 
     max_drop: the largest exact-match loss against the baseline a candidate may have (absolute,
     in [0, 1); 0.01 = one point). taus: the grid (default :data:`TAU_GRID`; the family default
     is always added). Returns a dict with ``config`` (the choice), ``within_tolerance``, the
     baseline's figures and every candidate's (accuracy, answers changed, ideal speed-up,
-    salient fraction, wall seconds).
+    salient fraction, wall seconds). score: ``(requests, answers) -> accuracy`` against the
+    requests' ``truth_ids`` (default: exact match; a workload scored by its final answer passes
+    its own).
     """
     check_max_drop(max_drop)
     if not requests:
@@ -107,7 +110,8 @@ def calibrate_dyllm(model, requests: list[Request], gen: GenerationConfig, *, ma
     # a request without a reference is scored against the baseline's answer (on copies)
     requests = [r if r.truth_ids is not None else replace(r, truth_ids=list(a))
                 for r, a in zip(requests, base.answers)]
-    base_acc = base.exact_match(requests)
+    score = score or exact_match
+    base_acc = score(requests, base.answers)
     log(f"baseline: exact match {base_acc:.3f}, {base.tok_per_s:.1f} tok/s, {base.wall_s:.1f}s")
 
     candidates = []
@@ -118,7 +122,7 @@ def calibrate_dyllm(model, requests: list[Request], gen: GenerationConfig, *, ma
         bar.close()
         fed = sum(sum(r["fed"] for r in d["steps"] if r["mode"] != "full") for d in res.dyllm) * model.num_layers
         computed = sum(sum(sum(r["ffn_computed"]) for r in d["steps"] if r["mode"] != "full") for d in res.dyllm)
-        cand = {"config": cfg, "accuracy": res.exact_match(requests),
+        cand = {"config": cfg, "accuracy": score(requests, res.answers),
                 "changed": sum(a != b for a, b in zip(res.answers, base.answers)),
                 "ideal_speedup": ideal_speedup(res.dyllm), "salient_fraction": computed / fed if fed else None,
                 "wall_s": res.wall_s}

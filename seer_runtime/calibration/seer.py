@@ -39,7 +39,7 @@ from ..engine import DecodeRun, Forward
 from ..evaluate import Request, pad_left, run_requests
 from ..plans import DecodingRules, dream_plan, llada_plan
 from ..policy import DecodePolicy
-from ..seer import SeerConfig, end_probability
+from ..seer import SeerConfig, end_probability, first_reaching
 
 EPS_FACTORS = (0.05, 0.1, 0.2, 0.3, 0.5)
 TAU_GRID = (0.01, 0.02, 0.03, 0.04, 0.05, 0.06)
@@ -164,6 +164,18 @@ def simulate(profiles: Profiles, true_end: list[int], cfg: SeerConfig, *, layer_
     return keep
 
 
+def exact_match(requests: list[Request], answers: list[list[int]]) -> float:
+    """The share of ``answers`` equal to their request's ``truth_ids`` (requests without one left out)."""
+    ok = [a == r.truth_ids for a, r in zip(answers, requests) if r.truth_ids is not None]
+    return sum(ok) / len(ok) if ok else float("nan")
+
+
+def simulate_eos(profiles: Profiles, threshold: float, *, window: int) -> list[int]:
+    """The windows the ``eos_prob`` probe would keep at ``threshold`` (its step-0 decision)."""
+    first = first_reaching(profiles.end_prob[:, :window], threshold)  # W where no position reaches it
+    return [min(j + 1, window) for j in first.tolist()]
+
+
 def _guard_cost(keep: int, end: int, window: int) -> int:
     """Window after the guard's doublings when the cut fell before the end token."""
     while keep < min(end + 1, window):
@@ -173,7 +185,8 @@ def _guard_cost(keep: int, end: int, window: int) -> int:
 
 def calibrate(model, requests: list[Request], gen: GenerationConfig, *, lam: float = 0.1, progress: bool = False,
               verify_top: int = 4, batch_size: int = 16, layers: list[int] | None = None, plot: str | None = None,
-              rank_by: str = "tokens", guard_mode: str = "extend", log=print) -> dict:
+              rank_by: str = "tokens", guard_mode: str = "extend", eos_thresholds: tuple[float, ...] = (0.5,),
+              score=None, log=print) -> dict:
     """Choose a :class:`SeerConfig` for ``model`` on ``requests`` (see the module docstring).
 
     rank_by: the speed-up inside the measured U: ``"tokens"`` (baseline over Seer tokens
@@ -185,6 +198,13 @@ def calibrate(model, requests: list[Request], gen: GenerationConfig, *, lam: flo
     (``"extend"``, the default, or ``"redecode"``: a guarded request is decoded again on the full
     window, so it ends as the baseline's answer; the simulated costs assume ``"extend"``).
 
+    eos_thresholds: the ``eos_prob`` probe's thresholds to simulate; the best one by simulated U
+    is verified (the default, 0.5 alone, is what a model whose answer lengths are certain at
+    step 0 needs; a model unsure of its length cuts at the median with 0.5 and needs a higher one).
+
+    score: ``(requests, answers) -> accuracy`` against the requests' ``truth_ids`` (default
+    :func:`exact_match`; a workload scored by its final answer passes its own).
+
     Returns a dict with ``config`` (the choice), the clarity table, the simulated and verified
     candidates and the baseline figures.
     """
@@ -194,6 +214,11 @@ def calibrate(model, requests: list[Request], gen: GenerationConfig, *, lam: flo
         raise ValueError(f"guard_mode must be 'extend' or 'redecode', got {guard_mode!r}")
     check_real("lam", lam, minimum=0)
     check_int("verify_top", verify_top, minimum=1)
+    if not eos_thresholds:
+        raise ValueError("eos_thresholds must not be empty")
+    for t in eos_thresholds:
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t <= 1:
+            raise ValueError(f"eos_thresholds must hold numbers in (0, 1], got {t!r}")
     from tqdm.auto import tqdm
 
     n_layers = model.num_layers
@@ -205,10 +230,11 @@ def calibrate(model, requests: list[Request], gen: GenerationConfig, *, lam: flo
     base = run_requests(model, requests, gen, batch_size=batch_size, progress=bar)
     bar.close()
     true_end = [e if e >= 0 else W for e in base.end_positions]
-    base_acc = base.exact_match(requests)
+    score = score or exact_match
+    base_acc = score(requests, base.answers)
     if math.isnan(base_acc):  # no references: agreement with the baseline is the accuracy (on copies)
         requests = [replace(r, truth_ids=list(a)) for r, a in zip(requests, base.answers)]
-        base_acc = 1.0
+        base_acc = score(requests, base.answers)
     log(f"baseline: exact match {base_acc:.3f}, {base.tok_per_s:.1f} tok/s, {base.wall_s:.1f}s")
 
     prof = step0_profiles(model, requests, gen, layers=layers, batch_size=batch_size)
@@ -241,6 +267,16 @@ def calibrate(model, requests: list[Request], gen: GenerationConfig, *, lam: flo
     for f, ls in list(by_factor.items())[:2]:
         candidates.append((tuple(sorted(ls[:3])), prof.factors.index(f)))
     sims = []
+
+    def figures(keep: list[int]) -> dict:
+        over = sum(k < min(t + 1, W) for k, t in zip(keep, true_end))
+        tokens = sum(cost[_guard_cost(k, t, W)] for k, t in zip(keep, true_end))
+        mae = sum(abs((k - 1 if k < W else W) - t) for k, t in zip(keep, true_end)) / len(keep)
+        speed = base_tokens / max(1, tokens)
+        return {"U": 1 - over / len(keep) + lam * math.log(speed), "over_truncation": over / len(keep),
+                "ideal_speedup": speed, "mae": mae,
+                "exact_end": sum(k - 1 == t for k, t in zip(keep, true_end)) / len(keep)}
+
     for (layer_ids, e), tau, gamma, bw, mp, probe in itertools.product(
             candidates, TAU_GRID, GAMMA_GRID, (1, 2, 3), (1, 2), ("sparsity", "both")):
         per_layer_eps = tuple(float(prof.eps[prof.layers.index(x), e]) for x in layer_ids)
@@ -248,15 +284,16 @@ def calibrate(model, requests: list[Request], gen: GenerationConfig, *, lam: flo
                          eps=per_layer_eps if len(layer_ids) > 1 else per_layer_eps[0],
                          tau_jump=tau, gamma=gamma, baseline_window=bw, min_position=mp, probe=probe)
         keep = simulate(prof, true_end, cfg, layer_ids=layer_ids, eps_index=e, window=W)
-        over = sum(k < min(t + 1, W) for k, t in zip(keep, true_end))
-        tokens = sum(cost[_guard_cost(k, t, W)] for k, t in zip(keep, true_end))
-        mae = sum(abs((k - 1 if k < W else W) - t) for k, t in zip(keep, true_end)) / len(keep)
-        acc_ratio = 1 - over / len(keep)
-        speed = base_tokens / max(1, tokens)
-        sims.append({"config": cfg, "U": acc_ratio + lam * math.log(speed), "over_truncation": over / len(keep),
-                     "ideal_speedup": speed, "mae": mae, "exact_end": sum(k - 1 == t for k, t in zip(keep, true_end))
-                     / len(keep)})
+        sims.append({"config": cfg, **figures(keep)})
     sims.sort(key=lambda s: -s["U"])
+    # the end-probability probe: its step-0 decision at each threshold (the best settings of the
+    # sparsity probe kept beside it, so that switching its probe back stays calibrated)
+    eos_sims = sorted(({"config": replace(sims[0]["config"], probe="eos_prob", eos_threshold=float(t)),
+                        **figures(simulate_eos(prof, float(t), window=W))} for t in eos_thresholds),
+                      key=lambda s: -s["U"])
+    for s in eos_sims:
+        log(f"  eos_prob threshold {s['config'].eos_threshold}: U {s['U']:.3f}, over-trunc "
+            f"{s['over_truncation']:.3f}, MAE {s['mae']:.2f}, ideal x{s['ideal_speedup']:.2f}")
     log(f"simulated {len(sims)} configurations; best by U = accuracy ratio + {lam} log(speed-up):")
     for s in sims[:verify_top]:
         c = s["config"]
@@ -264,8 +301,8 @@ def calibrate(model, requests: list[Request], gen: GenerationConfig, *, lam: flo
             f"min_pos {c.min_position} probe {c.probe}: U {s['U']:.3f}, over-trunc {s['over_truncation']:.3f}, "
             f"MAE {s['mae']:.2f}, ideal x{s['ideal_speedup']:.2f}")
     # decode the best simulated candidates, the best one of the paper's own probe (reported even
-    # when it loses), and the end-probability probe (nothing to simulate: its boundary needs the
-    # final logits), then choose by the measured U
+    # when it loses), and the best threshold of the end-probability probe, then choose by the
+    # measured U
     distinct, seen = [], set()
     for s in sims:  # two candidate layer sets can coincide (SeerConfig is frozen: hashable)
         if s["config"] not in seen:
@@ -274,17 +311,14 @@ def calibrate(model, requests: list[Request], gen: GenerationConfig, *, lam: flo
     to_verify = distinct[:verify_top]
     if all(s["config"].probe != "sparsity" for s in to_verify):
         to_verify += [s for s in distinct if s["config"].probe == "sparsity"][:1]
-    # (it keeps the best sparsity settings, so that switching its probe back stays calibrated)
-    nan = float("nan")
-    to_verify.append({"config": replace(sims[0]["config"], probe="eos_prob"), "U": nan, "over_truncation": nan,
-                      "ideal_speedup": nan, "mae": nan, "exact_end": nan})
+    to_verify.append(eos_sims[0])
     verified = []
     for s in to_verify:
         c = replace(s["config"], guard_mode=guard_mode)
         bar = tqdm(total=len(requests), desc=f"verify {c.probe}", disable=not progress, file=sys.stderr)
         res = run_requests(model, requests, gen, seer=c, batch_size=batch_size, progress=bar)
         bar.close()
-        acc = res.exact_match(requests)
+        acc = score(requests, res.answers)
         speed = base.wall_s / res.wall_s
         tokens_ratio = base.tokens_computed / max(1, res.tokens_computed)
         ranked = tokens_ratio if rank_by == "tokens" else speed
@@ -308,6 +342,8 @@ def calibrate(model, requests: list[Request], gen: GenerationConfig, *, lam: flo
         "requests": len(requests),
         "baseline": {"exact_match": base_acc, "tok_per_s": base.tok_per_s, "wall_s": base.wall_s},
         "clarity": table[:12],
+        "eos_thresholds": [{**{k: x for k, x in s.items() if k != "config"}, "threshold": s["config"].eos_threshold}
+                           for s in eos_sims],
         "verified": [{**{k: x for k, x in v.items() if k != "config"}, "config": v["config"].to_dict()}
                      for v in verified],
         "seconds": time.perf_counter() - t0,

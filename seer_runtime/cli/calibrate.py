@@ -26,6 +26,9 @@ def add_parsers(sub) -> None:
                         "(cheaper) or decode the request again on the full window (answers equal the baseline's)")
     p.add_argument("--rank-by", default="tokens", choices=["tokens", "wall"],
                    help="speed-up inside U: tokens-computed ratio (deterministic) or wall clock")
+    p.add_argument("--eos-thresholds", type=float, nargs="+", default=[0.5],
+                   help="thresholds of the eos_prob probe to simulate; the best is verified (default 0.5; a model "
+                        "unsure of its answer length at step 0 needs higher ones, e.g. 0.5 0.9 0.99)")
     p.set_defaults(func=cmd_calibrate)
 
     p = sub.add_parser("calibrate-dyllm", help="choose DyLLM's tau and attention mode for a checkpoint")
@@ -42,9 +45,9 @@ def add_parsers(sub) -> None:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     check_real("lam", args.lam, minimum=0)  # before the model is loaded
-    model, requests, gen = load_calibration_inputs(args)
+    model, requests, gen, score = load_calibration_inputs(args)
     out = calibrate(model, requests, gen, lam=args.lam, progress=True, plot=args.plot, rank_by=args.rank_by,
-                    guard_mode=args.guard_mode)
+                    guard_mode=args.guard_mode, eos_thresholds=tuple(args.eos_thresholds), score=score)
     cfg = out.pop("config")
     cfg.to_json(args.out, calibration=out)
     print(f"wrote {args.out}: {json.dumps(cfg.to_dict())}")
@@ -54,9 +57,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 def cmd_calibrate_dyllm(args: argparse.Namespace) -> int:
     check_max_drop(args.max_drop)  # before the model is loaded
     DyLLMConfig(full_steps=args.full_steps, prompt_period=args.prompt_period)
-    model, requests, gen = load_calibration_inputs(args)
+    model, requests, gen, score = load_calibration_inputs(args)
     out = calibrate_dyllm(model, requests, gen, max_drop=args.max_drop, full_steps=args.full_steps,
-                          prompt_period=args.prompt_period, progress=True)
+                          prompt_period=args.prompt_period, progress=True, score=score)
     cfg = out.pop("config")
     cfg.to_json(args.out, calibration=out)
     print(f"wrote {args.out}: {json.dumps(cfg.to_dict())}")

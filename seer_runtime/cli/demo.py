@@ -1,6 +1,10 @@
-"""``seer demo`` (what ``make demo`` runs): baseline vs Seer on the embedded DMLLM, batched.
+"""``seer demo`` (what ``make demo`` runs): baseline vs Seer, DyLLM and threshold decoding on an
+embedded model, batched.
 
-On held-out requests to the embedded LaViDa-LLaDA model, every batch is decoded by the
+``--workload`` picks the embedded model: ``demo`` (the default: the LaViDa-LLaDA DMLLM with
+short answers in a 32-position window) or ``arith`` (a text-only LLaDA answering arithmetic word
+problems with worked solutions of 20-120 tokens in a 128-position window decoded in blocks of
+32). On its held-out requests, every batch is decoded by the
 baseline, by Seer with each probe (the sparsity probe of the paper, the step-0 end
 probability, and both combined), by DyLLM (its calibrated config), by confidence-threshold
 parallel decoding (``GenerationConfig.threshold``, ``--threshold``) and by their compositions
@@ -10,15 +14,17 @@ step-0 sparsity profiles with the detected boundary and the true end (``--plot``
 
 Figures (per configuration): ``tok_per_s`` (valid answer tokens per second of wall time),
 ``latency_s`` (mean request latency = its batch's wall time), ``nfe`` (forward passes per
-batch, mean), ``tokens_computed`` (positions x layers, summed), ``exact_match`` (answer ==
-reference); for every configuration but the baseline: ``speedup`` (tok/s over the
-baseline's), ``ideal_speedup`` (baseline over its tokens computed, times DyLLM's FLOP fraction
-``dyllm_flop_ratio`` where DyLLM runs), ``differs_from_baseline``
-(any answer difference); and for those with Seer: ``boundary_mae`` (|predicted end - baseline's end|),
-``over_truncation_rate`` (the first cut fell before the baseline's end token), ``recovered``
-(of those, answers equal to the baseline's after the guard), ``lost_answers`` (over-truncated
-and not equal to the baseline's answer). JSON: the Seer probes under ``probes``, the other
-configurations under ``methods``.
+batch, mean), ``tokens_computed`` (positions x layers, summed), ``exact_match`` (the
+workload's score: the whole answer equals the reference on ``demo``; the final ``answer N``
+on ``arith``, as GSM8K is scored, which also reports ``steps_right``, the share of answers
+whose every arithmetic step is right), ``answer_tokens`` (mean answer length); for every
+configuration but the baseline: ``speedup`` (tok/s over the baseline's), ``ideal_speedup``
+(baseline over its tokens computed, times DyLLM's FLOP fraction ``dyllm_flop_ratio`` where
+DyLLM runs), ``differs_from_baseline`` (any answer difference); and for those with Seer:
+``boundary_mae`` (|predicted end - baseline's end|), ``over_truncation_rate`` (the first cut
+fell before the baseline's end token), ``recovered`` (of those, answers equal to the
+baseline's after the guard), ``lost_answers`` (over-truncated and not equal to the baseline's
+answer). JSON: the Seer probes under ``probes``, the other configurations under ``methods``.
 """
 
 from __future__ import annotations
@@ -34,21 +40,18 @@ import torch
 from ..calibration.seer import plot_profiles, step0_profiles
 from ..config import GenerationConfig
 from ..evaluate import RunResult, boundary_mae, run_requests
-from .options import model_services, positive_int
-
-# 192, not 96: one answer is 1.04 points of 96, so "exact match within one point of the
-# baseline" could not be read at 96 requests (a single changed answer already misses it)
-DEFAULT_REQUESTS = 192
-DEFAULT_BATCH = 16
+from .options import EMBEDDED_WORKLOADS, model_services, positive_int
 
 
-def _figures(res: RunResult, requests, base: RunResult | None, window: int) -> dict:
+def _figures(res: RunResult, base: RunResult | None, window: int, score) -> dict:
+    """One configuration's figures (module docstring); ``score(answers) -> dict`` is the workload's
+    (``exact_match``, ``answer_tokens`` and, on ``arith``, ``steps_right``)."""
     out = {
         "tok_per_s": res.tok_per_s,
         "latency_s": res.latency_s,
         "nfe": sum(res.nfe) / len(res.nfe),
         "tokens_computed": res.tokens_computed,
-        "exact_match": res.exact_match(requests),
+        **score(res.answers),
         "wall_s": res.wall_s,
     }
     if base is None:
@@ -104,7 +107,9 @@ def run_demo(model, requests, gen, configs: dict, *, batch_size: int, progress: 
 
 def format_table(figures: dict) -> str:
     cols = [("tok/s", "tok_per_s", "{:.1f}"), ("latency s", "latency_s", "{:.3f}"), ("NFE", "nfe", "{:.1f}"),
-            ("tokens", "tokens_computed", "{:,}"), ("EM", "exact_match", "{:.3f}"), ("speed-up", "speedup", "x{:.2f}"),
+            ("tokens", "tokens_computed", "{:,}"), ("EM", "exact_match", "{:.3f}"),
+            ("steps ok", "steps_right", "{:.3f}"),
+            ("answer len", "answer_tokens", "{:.1f}"), ("speed-up", "speedup", "x{:.2f}"),
             ("ideal", "ideal_speedup", "x{:.2f}"), ("MAE", "boundary_mae", "{:.2f}"),
             ("over-trunc", "over_truncation_rate", "{:.3f}"), ("recovered", "recovered", "{}"),
             ("lost", "lost_answers", "{}"), ("!= base", "differs_from_baseline", "{}")]
@@ -117,12 +122,18 @@ def format_table(figures: dict) -> str:
 
 
 def add_parsers(sub) -> None:
-    p = sub.add_parser("demo", help="baseline vs Seer on the embedded model (what `make demo` runs)")
-    p.add_argument("--requests", type=positive_int, default=None, help="held-out requests (default: the demo's)")
-    p.add_argument("--batch-size", type=positive_int, default=None, help="requests per batch (default: the demo's)")
+    p = sub.add_parser("demo", help="baseline vs Seer, DyLLM and threshold decoding on an embedded model "
+                                    "(what `make demo` runs)")
+    p.add_argument("--workload", default="demo", choices=EMBEDDED_WORKLOADS,
+                   help="the embedded model: demo (short answers, the default) or arith (word problems with long, "
+                        "uncertain worked solutions)")
+    p.add_argument("--requests", type=positive_int, default=None,
+                   help="held-out requests (default: the workload's)")
+    p.add_argument("--batch-size", type=positive_int, default=None,
+                   help="requests per batch (default: the workload's)")
     p.add_argument("--json", default=None, help="write the figures as JSON to this path")
     p.add_argument("--plot", default=None, help="write the step-0 sparsity plot (PNG) to this path")
-    p.add_argument("--model", default=None, help="a model directory instead of the embedded model")
+    p.add_argument("--model", default=None, help="a model directory the trainer wrote for this workload")
     p.add_argument("--threshold", type=float, default=0.9,
                    help="the confidence threshold of the parallel-decoding rows (default 0.9, Fast-dLLM's)")
     p.set_defaults(func=main)
@@ -132,11 +143,11 @@ def main(args) -> int:
     GenerationConfig(threshold=args.threshold)  # --threshold checked before the model loads
     torch.set_num_threads(max(1, torch.get_num_threads()))
     svc = model_services()
-    emb = svc.embedded()
+    emb = svc.embedded(args.workload)
     t0 = time.perf_counter()
     model, tokenizer = emb.load_embedded(path=args.model) if args.model else emb.load_embedded()
-    n = args.requests or DEFAULT_REQUESTS
-    bs = args.batch_size or DEFAULT_BATCH
+    n = args.requests or emb.DEMO_REQUESTS
+    bs = args.batch_size or emb.DEMO_BATCH
     requests, _tasks = emb.demo_requests(n, tokenizer)
     gen = emb.demo_generation_config()
     default = emb.default_seer_config()
@@ -151,11 +162,16 @@ def main(args) -> int:
         "seer+threshold+dyllm": (fast, {"seer": default, "dyllm": dyllm}),
     }
     recommended = f"seer:{default.probe}"
-    print(f"embedded LaViDa-LLaDA ({sum(p.numel() for p in model.parameters()):,} parameters), {n} held-out requests, "
+    params = sum(p.numel() for p in model.parameters())
+    print(f"embedded {args.workload} model: {emb.DESCRIPTION} ({params:,} parameters), {n} held-out requests, "
           f"batch {bs}, window {gen.gen_length}, {torch.get_num_threads()} threads", file=sys.stderr)
     results = run_demo(model, requests, gen, configs, batch_size=bs)
     base = results["baseline"]
-    figures = {name: _figures(res, requests, None if name == "baseline" else base, gen.gen_length)
+
+    def score(answers):
+        return emb.answer_figures(requests, answers, tokenizer)
+
+    figures = {name: _figures(res, None if name == "baseline" else base, gen.gen_length, score)
                for name, res in results.items()}
     print(format_table(figures))
     rec = figures[recommended]
@@ -172,9 +188,11 @@ def main(args) -> int:
     except ImportError:
         print("matplotlib is not installed: no plot (pip install -e '.[plot]')", file=sys.stderr)
     payload = {
+        "workload": args.workload,
         "requests": n,
         "batch_size": bs,
         "window": gen.gen_length,
+        "block_length": gen.block_length,
         "baseline": figures["baseline"],
         "seer": {**rec, "config": recommended},
         "speedup": rec["speedup"],

@@ -24,6 +24,9 @@ from ..dyllm import DyLLMConfig
 from ..evaluate import read_requests_jsonl
 from ..seer import SeerConfig
 
+#: the embedded models ``--workload`` names (the model layer's ``embedded(workload)`` serves each)
+EMBEDDED_WORKLOADS = ("demo", "arith")
+
 #: --dtype choices -> torch dtypes (None: the checkpoint's own)
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, None: None}
 #: a checkpoint directory's decoding defaults (GenerationConfig fields)
@@ -142,6 +145,8 @@ def add_calibration_inputs(p: argparse.ArgumentParser) -> None:
     """The options both calibrate commands read their requests with (:func:`load_calibration_inputs`)."""
     p.add_argument("--model", default=None,
                    help="a local checkpoint with its tokenizer.json (default: the embedded model); needs --data")
+    p.add_argument("--workload", default="demo", choices=EMBEDDED_WORKLOADS,
+                   help="without --model: which embedded model and calibration split (default: the demo model)")
     p.add_argument("--data", default=None,
                    help="JSONL, one request per line: question, optional image (path relative to the file), "
                         "optional answer (default: the embedded model's calibration split)")
@@ -151,9 +156,10 @@ def add_calibration_inputs(p: argparse.ArgumentParser) -> None:
 
 
 def load_calibration_inputs(args):
-    """(model, requests, generation config) from the calibrate commands' options: ``--model``
-    with ``--data`` (a real checkpoint, its tokenizer and generation options), or the embedded
-    model with its calibration split (or ``--data``)."""
+    """(model, requests, generation config, score) from the calibrate commands' options:
+    ``--model`` with ``--data`` (a real checkpoint, its tokenizer and generation options; score
+    None: exact match), or the embedded model ``--workload`` names with its calibration split (or
+    ``--data``) and its own score (``answer_figures``: the final answer on ``arith``)."""
     svc = model_services()
     if args.model:  # a real checkpoint: its own tokenizer, image processor and generation options
         if not args.data:
@@ -163,11 +169,11 @@ def load_calibration_inputs(args):
         model = svc.load_model(args.model, dtype=DTYPES[args.dtype], device=args.device)
         requests = read_requests_jsonl(args.data, encode_prompt=tok.encode_prompt, encode_answer=tok.encode,
                                        limit=args.requests, load_image=lambda p: svc.load_image(model, p))
-    else:
-        if args.chat_template:
-            raise ValueError("--chat-template needs --model (the embedded model's prompts use its own template)")
-        emb = svc.embedded()
-        model, _ = emb.load_embedded()
-        requests, _ = emb.calibration_requests(args.data, n=args.requests, model=model)
-        gen = generation_config(args, emb.EMBEDDED_DIR)  # its decoding defaults, the options given over them
-    return model, requests, gen
+        return model, requests, gen, None
+    if args.chat_template:
+        raise ValueError("--chat-template needs --model (the embedded model's prompts use its own template)")
+    emb = svc.embedded(args.workload)
+    model, tokenizer = emb.load_embedded()
+    requests, _ = emb.calibration_requests(args.data, n=args.requests, model=model)
+    gen = generation_config(args, emb.MODEL_DIR)  # the model's decoding defaults, the options given over them
+    return model, requests, gen, lambda reqs, answers: emb.answer_figures(reqs, answers, tokenizer)["exact_match"]
