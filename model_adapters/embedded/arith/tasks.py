@@ -292,7 +292,8 @@ def write_solution(rng: np.random.Generator, story: Story, *, end_marker: bool =
         if rng.random() < 0.25:
             parts.append(_pick(rng, [f"now {pron} has {value} .", f"so {pron} has {value} {items} ."]))
     if rng.random() < 0.5:
-        parts.append(_pick(rng, [f"so {name} has {value} {items} now .", f"now {name} has {value} {items} ." if end_marker else f"at the end {name} has {value} {items} ."]))
+        closing = f"now {name} has {value} {items} ." if end_marker else f"at the end {name} has {value} {items} ."
+        parts.append(_pick(rng, [f"so {name} has {value} {items} now .", closing]))
     parts.append(f"answer {value}")
     return " ".join(parts)
 
