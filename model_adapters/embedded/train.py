@@ -334,6 +334,15 @@ def prompt_batch(model, tok: EmbeddedTokenizer, reqs: list[TaskRequest]):
     return embeds, pmask.bool()
 
 
+def semi_autoregressive_mask(masked: torch.Tensor, start: torch.Tensor, block: int) -> torch.Tensor:
+    """The mask semi-autoregressive decoding leaves: bool ``masked [B, W]`` (uniform at rate t)
+    kept in the block ``[start, start + block)`` of each row (``start`` int ``[B]``), every
+    position before it clean, every position after it masked."""
+    pos = torch.arange(masked.shape[1], device=masked.device)[None]
+    start = start.to(masked.device)[:, None]
+    return (pos >= start) & ((pos >= start + block) | masked)
+
+
 def training_loss(model, tok: EmbeddedTokenizer, reqs: list[TaskRequest], gen: torch.Generator, *,
                   window: int, eps: float, prefix_lm_fraction: float, window_cut: float = 0.0,
                   vision_fp32: bool = False, semi_ar: float = 0.0, block: int = 32) -> torch.Tensor:
@@ -363,10 +372,8 @@ def training_loss(model, tok: EmbeddedTokenizer, reqs: list[TaskRequest], gen: t
     t = eps + (1.0 - eps) * strata
     masked = torch.rand(b, window, generator=gen) < t[:, None]
     if semi_ar > 0:
-        blocks = -(-window // block)
-        start = torch.randint(0, blocks, (b,), generator=gen) * block  # the block being decoded
-        pos = torch.arange(window)[None]
-        in_order = (pos >= start[:, None]) & ((pos >= start[:, None] + block) | masked)
+        start = torch.randint(0, -(-window // block), (b,), generator=gen) * block  # the block being decoded
+        in_order = semi_autoregressive_mask(masked, start, block)
         masked = torch.where((torch.rand(b, generator=gen) < semi_ar)[:, None], in_order, masked)
     prefix_lm = torch.rand(b, generator=gen) < prefix_lm_fraction
     target, masked, t, prefix_lm = target.to(dev), masked.to(dev), t.to(dev), prefix_lm.to(dev)

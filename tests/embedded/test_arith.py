@@ -80,6 +80,31 @@ def test_every_change_has_its_day_and_every_solution_names_the_days_in_order():
         assert said in (story_days, groups + story_days), (r.question, r.answer)
 
 
+def test_the_last_day_is_marked_in_the_story_and_the_solution_unless_asked_not_to():
+    """With the end marker (every split, the last two training phases) the story's last change and
+    the solution's last step read "at the end , on <day>", once each; without it (the first two
+    phases) neither does and the stream is otherwise the workload's (same checker, same values)."""
+    for r in make_requests(150, "train", seed=12):
+        last = tasks.DAYS[len(r.changes) - 1]
+        marker = tasks.LAST_DAY_TAG.format(day=last)
+        assert r.question.count("at the end ,") == 1 and marker in r.question, r.question
+        assert r.answer.count("at the end ,") == 1 and marker + " ," in r.answer, r.answer
+    plain = tasks.RequestStream(3, end_marker=False).next_batch(150)
+    assert not any("at the end ," in r.question or "at the end ," in r.answer for r in plain)
+    assert all(check_solution(r.answer).final == r.value and check_solution(r.answer).steps_right for r in plain)
+
+
+def test_semi_autoregressive_masking_leaves_what_block_decoding_leaves():
+    from model_adapters.embedded.train import semi_autoregressive_mask
+
+    masked = torch.rand(3, 128, generator=torch.Generator().manual_seed(0)) < 0.5
+    got = semi_autoregressive_mask(masked, torch.tensor([0, 32, 96]), 32)
+    for row, start in enumerate([0, 32, 96]):
+        assert not got[row, :start].any()  # the blocks before: decoded
+        assert torch.equal(got[row, start:start + 32], masked[row, start:start + 32])  # the current block
+        assert got[row, start + 32:].all()  # the blocks after: all masks
+
+
 def test_checker_reads_every_wording_and_catches_a_wrong_step():
     text = ("ann has 5 pens . 5 plus 3 is 8 . 8 + 2 = 10 . adding 4 to 10 gives 14 . 14 minus 1 equals 13 . "
             "13 - 3 = 10 . taking 2 from 10 leaves 8 . 2 times 3 is 6 . 2 x 4 = 8 . 3 groups of 5 make 15 . answer 8")
@@ -134,6 +159,11 @@ def test_trainer_runs_the_text_workload_and_refuses_vision_options(tmp_path):
     for flag in (["--vision-steps", "2"], ["--image-focus", "0.1"], ["--freeze-projector"]):
         with pytest.raises(ValueError, match="text only"):
             main([*tiny, "--steps", "1", *flag, "--out", str(tmp_path / "x")])
+    # the options of the shipped run's phases: semi-autoregressive masking, the stories before the marker
+    log = main([*tiny, "--steps", "2", "--semi-ar", "1.0", "--no-end-marker", "--out", str(tmp_path / "p")])
+    assert log["workload"] == "arith" and len(log["loss_curve"]) >= 1
+    with pytest.raises(ValueError, match="--no-end-marker"):
+        main(["--workload", "demo", "--steps", "1", "--no-end-marker", "--out", str(tmp_path / "d")])
 
 
 def test_number_ranges_bound_every_quantity_and_the_wide_phase_draws_wider():
