@@ -76,7 +76,7 @@ train-arith-model: $(STAMP)
 		--steps 1500 --lr 3e-4 --drill 0.3 --semi-ar 0.5 --final-eval-requests 500
 	$(VENV)/bin/seer calibrate --workload arith --guard-mode redecode --requests 64 \
 		--eos-thresholds 0.5 0.7 0.8 0.9 0.95 0.98 0.99 --out $(ARITH)/seer_config.json
-	$(VENV)/bin/seer calibrate-dyllm --workload arith --requests 48 --out $(ARITH)/dyllm_config.json
+	$(VENV)/bin/seer calibrate-dyllm --workload arith --requests 16 --out $(ARITH)/dyllm_config.json
 
 gpu-check: $(STAMP)
 	bash bench/gpu_check.sh
