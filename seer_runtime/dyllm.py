@@ -626,8 +626,7 @@ class SparseLayer:
         keys, values = policy.pack(key_cache, prefix_k, maps), policy.pack(value_cache, prefix_v, maps)
         contexts = policy.flat("contexts", i)
         # [Tq, H*d]; with a contiguous layout a view, read (here and in ffn_index) before ffn_index writes it
-        self._context_before = (contexts[maps.query_range[0]: maps.query_range[1]] if maps.query_range is not None
-                                else contexts.index_select(0, maps.query_cache))
+        self._context_before = _query_rows(maps, contexts)
         heads, d = q.shape[1], q.shape[2]
         self._gate_mask = plan.gate_mask
         if policy.config.approx_attention:  # the gating rows' queries get exact attention
@@ -647,7 +646,7 @@ class SparseLayer:
         self._salient_mask = ~(similarity >= policy.tau)  # the rows the index names (NaN: salient)
         contexts = policy.flat("contexts", i)
         if maps.query_range is not None:
-            contexts[maps.query_range[0]: maps.query_range[1]].copy_(ctx)
+            _query_rows(maps, contexts).copy_(ctx)
         else:
             contexts.index_copy_(0, maps.query_cache, ctx)
         return self._salient
@@ -664,9 +663,15 @@ class SparseLayer:
         # the salient set gates the next layer (its cache rows too)
         plan.gate, plan.gate_count, plan.gate_at = salient, count, at
         plan.gate_mask = self._salient_mask
-        if maps.query_range is not None:
-            return ffn_cache[maps.query_range[0]: maps.query_range[1]]
-        return ffn_cache.index_select(0, maps.query_cache)
+        return _query_rows(maps, ffn_cache)
+
+
+def _query_rows(maps: SparseMaps, cache: torch.Tensor) -> torch.Tensor:
+    """The queries' rows of a flat cache ``[B * Lc, ...]`` in query order: a view (slice) with a
+    contiguous layout (``SparseMaps.query_range``), a gathered copy otherwise."""
+    if maps.query_range is not None:
+        return cache[maps.query_range[0]: maps.query_range[1]]
+    return cache.index_select(0, maps.query_cache)
 
 
 def _cache_rows(maps: SparseMaps, slots: torch.Tensor) -> torch.Tensor:

@@ -91,6 +91,10 @@ class GenerationOutput:
         return row if end < 0 else row[:end]
 
 
+#: the confidence ``dream_sample_tokens`` ranks by, per Dream ``alg`` that ranks (not ``origin``)
+DREAM_CONFIDENCE = {"maskgit_plus": "prob", "topk_margin": "margin", "entropy": "neg_entropy"}
+
+
 def first_end_positions(window: torch.Tensor, end_ids: tuple[int, ...]) -> torch.Tensor:
     """Index of the first token in ``end_ids`` per row of ``window [B, W]``, -1 when absent."""
     is_end = torch.zeros_like(window, dtype=torch.bool)
@@ -623,7 +627,7 @@ class DecodeRun:
         window = self.tokens[index, :width]
         if k > 0:
             masked = self.masked(rows, width)
-            kind = {"maskgit_plus": "prob", "topk_margin": "margin", "entropy": "neg_entropy"}[g.alg]
+            kind = DREAM_CONFIDENCE[g.alg]
             conf, x0 = dream_sample_tokens(logits.reshape(R * width, -1), temperature=0.0, top_p=g.top_p,
                                            top_k=g.top_k, confidence=kind, rand=self.rand, item_counts=[width] * R,
                                            row_ids=rows)
@@ -739,7 +743,7 @@ class DecodeRun:
             self.tokens[index, :width] = window = torch.where(picks, candidate, window)
             self._count_masks(rows, window)
             return
-        kind = {"maskgit_plus": "prob", "topk_margin": "margin", "entropy": "neg_entropy"}[g.alg]
+        kind = DREAM_CONFIDENCE[g.alg]
         conf, x0 = dream_sample_tokens(mask_logits, temperature=g.temperature, top_p=g.top_p, top_k=g.top_k,
                                        confidence=kind, rand=self.rand, item_counts=per_row, row_ids=rows)
         counts = self._dream_counts(rows, step, per_row)
