@@ -767,6 +767,7 @@ def main(argv=None) -> dict:
     mask_gen = torch.Generator().manual_seed(args.seed + 1)
     heldout = wl.heldout(max(args.eval_requests, args.final_eval_requests))
     gen = wl.generation() if wl.generation is not None else None
+    semi_ar_block = (gen.block_length if gen is not None else None) or window  # the blocks it decodes in
     probe = heldout[: args.eval_requests]
 
     log = {"command": " ".join([sys.executable.split("/")[-1], "-m", "model_adapters.embedded.train",
@@ -795,7 +796,7 @@ def main(argv=None) -> dict:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16 and device.type == "cpu"):
             loss = training_loss(model, tok, reqs, mask_gen, window=window, eps=1e-3,
                                  prefix_lm_fraction=args.prefix_lm_fraction, window_cut=args.window_cut,
-                                 semi_ar=args.semi_ar,
+                                 semi_ar=args.semi_ar, block=semi_ar_block,
                                  vision_fp32=vision_staged)
         sft_step(model, opt, loss)
         running += loss.item()
