@@ -39,6 +39,21 @@ from .window import WindowState
 
 
 # ------------------------------------------------------------------------------------ outputs
+@dataclass(frozen=True)
+class StepChoice:
+    """A step's token choice as a graph can hold it with the forward (``DecodeRun.step_choice``).
+
+    detail: what the host decided for it (counts, blocks, ...), part of the forward's graph key.
+    choose: ``choose(logits [R, W, V]) -> result``: device work only, commits the chosen tokens
+        into the run's windows; its result tensor is what the unit returns.
+    commit: ``commit(result)``: the host's bookkeeping after the unit ran or replayed.
+    """
+
+    detail: tuple
+    choose: Callable[[torch.Tensor], torch.Tensor]
+    commit: Callable[[torch.Tensor], None]
+
+
 @dataclass
 class GenerationStats:
     """Counts and timings of one ``generate`` call.
@@ -344,38 +359,63 @@ class DecodeRun:
         return logits
 
     def forward_and_sample(self, rows: list[int], step: int) -> bool:
-        """The step's padded forward and its token choice as one graph unit, when the choice is
-        a function of the logits and the plan alone (no random draw; no policy runs the forward
-        itself; Dream: :meth:`_dream_static_count`). False: not this step (the caller runs them
-        apart)."""
-        g = self.gen
-        if self.graphs.backend is None or any(p.runs_forwards for p in self.policies):
+        """The step's forward and its token choice as one graph unit, when the choice is a
+        function of the logits and the plan alone (:meth:`step_choice`): the padded forward, or
+        the first policy that runs forwards and takes the choice into its own graph unit
+        (:meth:`~seer_runtime.policy.DecodePolicy.execute_and_choose`). False: not this step
+        (the caller runs the forward and the sampling apart)."""
+        if self.graphs.backend is None:
             return False
-        if self.rules.family != "llada":
-            return self._dream_forward_and_sample(rows, step)
-        if g.temperature > 0 or g.remasking == "random":
+        choice = self.step_choice(rows, step)
+        if choice is None:
             return False
+        if any(p.runs_forwards for p in self.policies):
+            for p in self.policies:
+                if p.runs_forwards:
+                    return p.execute_and_choose(self, rows, step, choice)
         fwd = self.plan_padded(rows, step)
-        plans = [self.plans[r] for r in rows]
-        counts = tuple(p.counts[step] for p in plans)
-        blocks = tuple((p.block_starts[step], p.block_ends[step]) for p in plans)
-        candidates = self._block_candidates(rows, step) if self._threshold_needs_candidates else None
-        key = self.forward_key(fwd, "padded+sampled", counts, blocks, None if candidates is None else tuple(candidates))
+        key = self.forward_key(fwd, "padded+chosen", *choice.detail)
         if key is None:
             logits = self.run_keyed(None, rows, lambda: self.compute_padded(fwd))
             self.sample(rows, self.finish_forward(fwd, logits), step)
             return True
-
-        def compute() -> torch.Tensor:
-            logits = self.compute_padded(fwd)
-            return self._choose_llada(rows, logits, step)
-
         with prange("forward"):
-            chosen = self.run_keyed(key, rows, compute)
-        for p in self.policies:  # a forward with a graph key leaves its logits to the engine (DecodePolicy)
-            p.after_forward(self, fwd)
-        self._count_llada_commits(rows, step, chosen)
+            result = self.run_keyed(key, rows, lambda: choice.choose(self.compute_padded(fwd)))
+        self.chosen_forward(fwd)
+        choice.commit(result)
         return True
+
+    def chosen_forward(self, fwd: Forward) -> None:
+        """The host's part after a forward whose graph key holds the step's choice ran or
+        replayed: ``after_forward`` (its logits stayed inside the unit: a keyed forward's
+        ``on_logits`` would not have changed them, :meth:`~seer_runtime.policy.DecodePolicy.graph_key`)."""
+        for p in self.policies:
+            p.after_forward(self, fwd)
+
+    def step_choice(self, rows: list[int], step: int) -> StepChoice | None:
+        """The token choice of ``rows`` at ``step`` as device work with fixed shapes, when it is a
+        function of the logits and the host's plan alone: LLaDA greedy (no temperature, no random
+        remasking), Dream as :meth:`_dream_static_count` allows; None otherwise."""
+        g = self.gen
+        if self.rules.family != "llada":
+            k = self._dream_static_count(rows, step)
+            if k is None:
+                return None
+
+            def dream_left(left: torch.Tensor) -> None:  # the masks left are read at the step's end
+                self._masks_read = (rows, left, None)
+                self.window.masks.pending = True
+
+            return StepChoice(("dream", k), lambda logits: self._choose_dream(rows, logits, k), dream_left)
+        if g.temperature > 0 or g.remasking == "random":
+            return None
+        plans = [self.plans[r] for r in rows]
+        counts = tuple(p.counts[step] for p in plans)
+        blocks = tuple((p.block_starts[step], p.block_ends[step]) for p in plans)
+        candidates = self._block_candidates(rows, step) if self._threshold_needs_candidates else None
+        return StepChoice(("llada", counts, blocks, None if candidates is None else tuple(candidates)),
+                          lambda logits: self._choose_llada(rows, logits, step),
+                          lambda chosen: self._count_llada_commits(rows, step, chosen))
 
     def finish_forward(self, fwd: Forward, logits: torch.Tensor) -> torch.Tensor:
         """The host's part after a forward ran (or replayed): ``on_logits``, then ``after_forward``."""
@@ -565,27 +605,6 @@ class DecodeRun:
         if len(rows) != self.batch_size or width != self.width:
             return pad, None
         return pad, pad + self.width
-
-    def _dream_forward_and_sample(self, rows: list[int], step: int) -> bool:
-        """Dream's :meth:`forward_and_sample`: the forward and :meth:`_choose_dream` under one
-        key (the step's commit count decided on the host); the masks left are read at the step's
-        end as after an eager step."""
-        k = self._dream_static_count(rows, step)
-        if k is None:
-            return False
-        fwd = self.plan_padded(rows, step)
-        key = self.forward_key(fwd, "padded+dream", k)
-        if key is None:
-            logits = self.run_keyed(None, rows, lambda: self.compute_padded(fwd))
-            self.sample(rows, self.finish_forward(fwd, logits), step)
-            return True
-        with prange("forward"):
-            left = self.run_keyed(key, rows, lambda: self._choose_dream(rows, self.compute_padded(fwd), k))
-        for p in self.policies:  # a forward with a graph key leaves its logits to the engine (DecodePolicy)
-            p.after_forward(self, fwd)
-        self._masks_read = (rows, left, None)
-        self.window.masks.pending = True
-        return True
 
     def _dream_counts(self, rows: list[int], step: int, per_row: list[int]) -> list[int]:
         """Positions each row commits at ``step`` (Dream's rule), ``per_row`` its masks left."""

@@ -21,6 +21,10 @@ The hooks, in the order a ``generate`` call reaches them::
 
     on_request(run)                        the batch is embedded, windows and plans are set
     for each step:
+        execute_and_choose(run, rows, step, choice)
+                                           with graphs and a choice of tokens the graph can hold
+                                           (engine.StepChoice), the first policy that runs
+                                           forwards may run them and the choice as one unit
         execute(run, rows, step)           the first policy returning logits runs the step's
                                            forward(s) (the router); None: the engine's padded one
         per forward (fwd: engine.Forward, its rows, step and inputs):
@@ -52,7 +56,7 @@ import torch
 
 if TYPE_CHECKING:  # annotations only (the engine itself never imports the policies)
     from .adapter import Taps
-    from .engine import DecodeRun, Forward
+    from .engine import DecodeRun, Forward, StepChoice
 
 
 class DecodePolicy:
@@ -73,6 +77,14 @@ class DecodePolicy:
         """Run the forward(s) of ``rows`` at ``step`` and return their window logits ``[R, W', V]``,
         or None to leave it to the next policy (and finally to the engine's padded forward)."""
         return None
+
+    def execute_and_choose(self, run: DecodeRun, rows: list[int], step: int, choice: StepChoice) -> bool:
+        """For a policy that runs forwards: run the forward(s) of ``rows`` at ``step`` with the
+        step's token choice inside the same graph unit (``choice.choose`` on the window logits
+        :meth:`execute` would return, its result to ``choice.commit`` after the unit ran or
+        replayed); True when it did, False to leave the step to :meth:`execute` and the engine's
+        sampling (nothing ran yet). Default: False."""
+        return False
 
     @property
     def runs_forwards(self) -> bool:

@@ -28,8 +28,9 @@ import torch
 from seer_kernels import ControlValues, slice_repack
 
 from ..adapter import PackedLayout, PaddedLayout, PrefixKV
-from ..engine import DecodeRun, Forward
+from ..engine import DecodeRun, Forward, StepChoice
 from ..policy import DecodePolicy
+from ..profiling import prange
 from .graph_cache import FILL_FIRST_TRUE, BufferSpec, GraphCache
 from .router import PATH_STATIC, PATH_VARLEN, Route, Router, RouterConfig, RouterStats
 
@@ -179,6 +180,13 @@ class RoutedExecution(DecodePolicy):
         return PackedGroup(rows, layout, src, capacity, up(logit_rows), up(logit_dest))
 
     def _forward_packed(self, run: DecodeRun, rows: list[int], step: int, route: Route) -> torch.Tensor:
+        pg, fwd, compute = self._packed_forward(run, rows, step, route)
+        key = run.forward_key(fwd, "packed", route.path, pg.capacity)
+        return run.finish_forward(fwd, run.run_keyed(key, rows, compute))
+
+    def _packed_forward(self, run: DecodeRun, rows: list[int], step: int, route: Route):
+        """A packed group's forward, planned: ``(group, Forward, compute)``, ``compute()`` its
+        device work returning the window logits ``[R, max length, V]``."""
         pg = self._packed_group(run, rows, route)
         fwd = Forward(rows, run.row_index(rows), step, max(run.window[r] for r in rows), layout=pg.layout,
                       positions=pg.capacity, prompt_fed=not run.prefix_cache, lengths=[run.window[r] for r in rows])
@@ -198,8 +206,28 @@ class RoutedExecution(DecodePolicy):
             out[pg.logit_dest[:, 0], pg.logit_dest[:, 1]] = logits
             return out
 
-        key = run.forward_key(fwd, "packed", route.path, pg.capacity)
-        return run.finish_forward(fwd, run.run_keyed(key, rows, compute))
+        return pg, fwd, compute
+
+    def execute_and_choose(self, run: DecodeRun, rows: list[int], step: int, choice: StepChoice) -> bool:
+        """A packed group (varlen or eager route) with the step's token choice in its graph unit;
+        False for a static group (the graph cache's unit holds the forward alone), Seer's step 0
+        and padded-only runs: :meth:`execute` runs them and the engine samples."""
+        if run.window.cut_pending or self._padded_only:
+            return False
+        route = self.router.route([run.window[r] for r in rows])
+        if route.path == PATH_STATIC:
+            return False
+        self.stats.add(route)
+        pg, fwd, compute = self._packed_forward(run, rows, step, route)
+        key = run.forward_key(fwd, "packed", route.path, pg.capacity, *choice.detail)
+        if key is None:  # a policy's hooks cannot replay this forward: eager, sampled apart
+            run.sample(rows, run.finish_forward(fwd, run.run_keyed(None, rows, compute)), step)
+            return True
+        with prange("forward"):
+            result = run.run_keyed(key, rows, lambda: choice.choose(compute()))
+        run.chosen_forward(fwd)
+        choice.commit(result)
+        return True
 
     # -- static groups through the graph cache ----------------------------------------------------
     def _graphable(self, run: DecodeRun) -> bool:

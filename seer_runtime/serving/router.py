@@ -38,6 +38,9 @@ from seer_kernels.slice_repack_control import (
 from ..config import StoredConfig
 from .buckets import BucketTable, batch_buckets, check_buckets, micro_buckets, packed_buckets
 
+#: how many distinct length tuples a Router remembers its route for (the oldest is forgotten first)
+ROUTE_MEMO = 1024
+
 __all__ = [
     "PATH_EAGER",
     "PATH_EMPTY",
@@ -182,6 +185,7 @@ class Router:
         self._varlen_batch = self.batch.max
         self._keys = self._enumerate_keys()
         self._key_set = frozenset(self._keys)
+        self._routes: dict[tuple[int, ...], Route] = {}  # route's memo: a decode re-routes the same lengths
 
     def route(self, lengths: Sequence[int]) -> Route:
         """Route the batch's rows, one group, by the rule in the module docstring.
@@ -203,6 +207,15 @@ class Router:
             raise ValueError(
                 f"lengths: a batch of {len(lens)} rows exceeds slice_repack's group limit {MAX_GROUP}"
             )
+        memo = tuple(lens)
+        route = self._routes.get(memo)
+        if route is None:
+            if len(self._routes) >= ROUTE_MEMO:  # bounded: the oldest goes first
+                del self._routes[next(iter(self._routes))]
+            route = self._routes[memo] = self._route(lens)
+        return route
+
+    def _route(self, lens: list[int]) -> Route:
         cfg = self.config
         rows = tuple(range(len(lens)))
         d = slice_repack_decision(lens, micro_buckets=cfg.micro_buckets, packed_buckets=cfg.packed_buckets,

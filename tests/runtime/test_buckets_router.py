@@ -414,3 +414,19 @@ def test_router_stats():
     table = stats.table()
     assert "STATIC" in table and "VARLEN" in table and table.splitlines()[-1].startswith("total")
     assert RouterStats().waste() == 0.0
+
+
+def test_route_remembers_a_bounded_number_of_length_tuples(monkeypatch):
+    """A decode re-routes the same lengths every step: the route is remembered, equal to a fresh
+    router's, and the memo keeps at most ``ROUTE_MEMO`` length tuples (the oldest goes first)."""
+    import seer_runtime.serving.router as router_module
+
+    monkeypatch.setattr(router_module, "ROUTE_MEMO", 3)
+    router = Router(RouterConfig.for_window(64, max_batch=8))
+    first = router.route([5, 60, 17])
+    assert router.route((5, 60, 17)) is first
+    assert first == Router(RouterConfig.for_window(64, max_batch=8)).route([5, 60, 17])
+    for n in range(1, 6):
+        router.route([n, 64])
+    assert len(router._routes) == 3 and (5, 60, 17) not in router._routes
+    assert router.route([5, 60, 17]) == first

@@ -52,6 +52,9 @@ def test_replayed_forwards_decode_what_eager_ones_do(kind):
         replayed += len(backend.replayed)
         if name in ("baseline", "dyllm:partial", "cut+router:packed"):
             assert backend.replayed, f"{kind} {name}: steady forwards must replay"
+        if name == "cut+router:packed":  # the router's packed groups hold the step's token choice
+            chosen = [k for k in backend.replayed if k[0] == "packed" and k[3] in ("llada", "dream")]
+            assert chosen, f"{kind} {name}: no packed unit with its token choice replayed"
     assert replayed > 50
 
 
@@ -132,10 +135,29 @@ def test_dream_steps_replay_their_token_choice_with_the_forward(kind):
                 where = f"{kind} {alg} {tie_break} steps={steps}"
                 assert torch.equal(eager.sequences, graphed.sequences), where
                 assert (eager.stats.nfe, eager.stats.steps) == (graphed.stats.nfe, graphed.stats.steps), where
-                units = [key for key in backend.captured if key[0] == "padded+dream"]
+                units = [key for key in backend.captured if key[:2] == ("padded+chosen", "dream")]
                 if tie_break == "reference" and DecodingRules.of(model).ranks_masked_only:
                     assert not units, where
                 else:
                     assert units and backend.replayed, where
     sampled = _decode(model, base.replace(temperature=0.5), {}, backend := RecordingGraphBackend())
-    assert sampled.sequences.shape[0] and not [key for key in backend.captured if key[0] == "padded+dream"]
+    assert sampled.sequences.shape[0] and not [key for key in backend.captured if key[:2] == ("padded+chosen", "dream")]
+
+
+@pytest.mark.parametrize("kind", ["llada-8b-instruct", "dream-v0-instruct-7b"])
+def test_played_back_replays_decode_the_recorded_tokens_and_need_their_writes(kind):
+    """bench/bench_host_overhead.py times a replayed step's host work with replays that write back
+    what a recorded decode's replays left. Played back, the decode is the recorded one token for
+    token; with the writes dropped it is not (the host's next step reads the replay's results)."""
+    from bench.bench_host_overhead import PlaybackGraphBackend
+
+    model = tiny(kind)
+    gen, kw = modes(model)["dyllm:partial"]
+    recorder = PlaybackGraphBackend()
+    recorded = _decode(model, gen, kw, recorder)
+    assert recorder.tape, "steady forwards must replay"
+    played = _decode(model, gen, kw, PlaybackGraphBackend(recorder.tape))
+    assert torch.equal(played.sequences, recorded.sequences)
+    emptied = [(key, [torch.zeros_like(v) for v in values]) for key, values in recorder.tape]
+    with pytest.raises((AssertionError, RuntimeError)):  # a diverging decode, or the playback noticing
+        assert torch.equal(_decode(model, gen, kw, PlaybackGraphBackend(emptied)).sequences, recorded.sequences)
