@@ -1,4 +1,5 @@
-"""Benchmarks of the DyLLM ops: cosine_saliency, gather_rows/scatter_rows, partial_attention, row_linear.
+"""Benchmarks of the DyLLM ops: cosine_saliency, gather_rows/scatter_rows, partial_attention, row_linear,
+rms_norm and rotary_embedding.
 
 CPU (pytest, always): pytest-benchmark times the torch references - the router's eager
 fallback - at mid-size shapes. For partial attention it also times the dense case (every query
@@ -20,7 +21,9 @@ torch SDPA), with the ideal FLOP ratio next to the measured one, and the 20% ran
 with the key correction; saliency and gather/scatter as a fraction of peak memory bandwidth
 (``SEER_PEAK_BW`` in B/s, default an H200's 4.8e12); ``row_linear`` at LLaDA-8B's K/V, FFN up
 and FFN down widths on 5%, 20% and 100% of the response rows (a device count), against
-``F.linear`` on every row, the ideal FLOP ratio (count / capacity) beside the measured one.
+``F.linear`` on every row, the ideal FLOP ratio (count / capacity) beside the measured one;
+``rms_norm`` and ``rotary_embedding`` on the full step's rows and on a 20% row set, against the
+models' torch code (six and seven ops), as a fraction of peak memory bandwidth.
 bf16 correctness and the CUDA-graph capture of the whole sequence are ``tests/kernels/test_*_gpu.py`` (gpu marker).
 
     .venv/bin/pytest bench/bench_dyllm_kernels.py -s                      # CPU timings
@@ -62,6 +65,8 @@ _rg = importlib.import_module("seer_kernels.row_gather_scatter")
 _pa = importlib.import_module("seer_kernels.partial_attention")
 _va = importlib.import_module("seer_kernels.varlen_attention")
 _rl = importlib.import_module("seer_kernels.row_linear")
+_rn = importlib.import_module("seer_kernels.rms_norm")
+_re = importlib.import_module("seer_kernels.rotary_embedding")
 
 # CPU shapes: 8 sequences of 256 tokens of a 1024-wide model; attention: 2 sequences, prompt
 # 192 + response 64, 8 heads of 64
@@ -405,9 +410,52 @@ def _time_row_linear(t: Timing) -> list[dict]:
     return rows
 
 
+def _time_norm_and_rope(t: Timing) -> list[dict]:
+    """The sparse layer's fused norm and RoPE against the models' torch code, on every row of a full
+    step and on a 20% row set (bytes: read and write the live rows, the weight or angle rows)."""
+    batch, prompt, response, d_model, shape, dtype = _shapes(t)
+    n_rows = batch * (prompt + response)
+    heads, head_dim = shape["H"], shape["d"]
+    g = torch.Generator(device=t.device).manual_seed(5)
+    x = torch.randn(n_rows, d_model, generator=g, device=t.device).to(dtype)
+    weight = torch.ones(d_model, device=t.device, dtype=dtype)
+    q = torch.randn(n_rows, heads, head_dim, generator=g, device=t.device).to(dtype)
+    angles = torch.randint(0, 4096, (n_rows,), generator=g, device=t.device)
+    inv = 1.0 / (500000.0 ** (torch.arange(0, head_dim, 2, device=t.device, dtype=torch.float32) / head_dim))
+    freqs = torch.cat([angles[:, None].float() * inv] * 2, dim=-1)
+    cos, sin = freqs.cos(), freqs.sin()
+    elem = x.element_size()
+    rows = []
+    torch_ms = t.ms(lambda: _rn.rms_norm_reference(x, weight, 1e-5))
+    rows.append(row(f"torch RMSNorm [{n_rows},{d_model}] bf16 (the model's)", torch_ms,
+                    bandwidth_note(2 * n_rows * d_model * elem, torch_ms)))
+    ms = t.ms(lambda: _rn.rms_norm(x, weight, 1e-5))
+    rows.append(row(f"rms_norm [{n_rows},{d_model}] bf16", ms,
+                    f"{bandwidth_note(2 * n_rows * d_model * elem, ms)}; x{torch_ms / ms:.2f} vs torch"))
+    live = max(1, n_rows // 5)
+    index = torch.randperm(n_rows, generator=g, device=t.device)[:live].to(torch.int32)
+    index = torch.cat([index, torch.full((n_rows - live,), -1, dtype=torch.int32, device=t.device)])
+    count = torch.tensor([live], dtype=torch.int32, device=t.device)
+    ms = t.ms(lambda: _rn.rms_norm(x, weight, 1e-5, index=index, count=count))
+    rows.append(row(f"rms_norm {live}/{n_rows} rows x {d_model} bf16", ms,
+                    f"{bandwidth_note(2 * live * d_model * elem + (n_rows - live) * d_model * elem, ms)}"))
+    half = (cos[:, None, :], sin[:, None, :])
+    torch_ms = t.ms(lambda: _re.apply_rotary(q, *half, full_precision=True))
+    nbytes = 2 * q.numel() * elem + 2 * cos.numel() * 4
+    rows.append(row(f"torch RoPE [{n_rows},{heads},{head_dim}] bf16 fp32 rotation (the model's)", torch_ms,
+                    bandwidth_note(nbytes, torch_ms)))
+    ms = t.ms(lambda: _re.rotary_embedding(q, cos, sin, full_precision=True))
+    rows.append(row(f"rotary_embedding [{n_rows},{heads},{head_dim}] bf16 fp32 rotation", ms,
+                    f"{bandwidth_note(nbytes, ms)}; x{torch_ms / ms:.2f} vs torch"))
+    ms = t.ms(lambda: _re.rotary_embedding(q, cos, sin, full_precision=True, index=index, count=count))
+    nbytes = 2 * live * heads * head_dim * elem + (n_rows - live) * heads * head_dim * elem + 2 * live * head_dim * 4
+    rows.append(row(f"rotary_embedding {live}/{n_rows} rows (index) bf16", ms, bandwidth_note(nbytes, ms)))
+    return rows
+
+
 def run(quick: bool = False, dry_run: bool = False) -> list[dict]:
     """Timing rows of the DyLLM ops on CUDA (see the module docstring); ``dry_run``: on CPU."""
-    parts = [_time_saliency_and_rows, _time_partial_attention, _time_row_linear]
+    parts = [_time_saliency_and_rows, _time_partial_attention, _time_row_linear, _time_norm_and_rope]
     return time_parts("bench_dyllm_kernels", parts, quick=quick, dry_run=dry_run)
 
 

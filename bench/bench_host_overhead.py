@@ -64,8 +64,8 @@ class KernelClock:
     nested calls counted once), so that a kernel's CPU compute is not charged to the host: on a
     GPU it is the device's work. The public functions' checks and dispatch stay host time."""
 
-    MODULES = ("cosine_saliency", "mlp_sparsity", "partial_attention", "row_gather_scatter", "row_linear",
-               "slice_repack", "snr_boundary", "varlen_attention")
+    MODULES = ("cosine_saliency", "mlp_sparsity", "partial_attention", "rms_norm", "rotary_embedding",
+               "row_gather_scatter", "row_linear", "slice_repack", "snr_boundary", "varlen_attention")
 
     def __init__(self):
         self.total, self._depth, self._t0, self._saved = 0.0, 0, 0.0, []

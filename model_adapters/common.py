@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import seer_kernels
+from seer_kernels.rotary_embedding import apply_rotary
 from seer_runtime.adapter import PackedLayout, PaddedLayout, Taps
 
 
@@ -28,10 +29,13 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(dtype)
+        return seer_kernels.rms_norm_reference(x, self.weight, self.eps)
+
+    def rows(self, x: torch.Tensor, index: torch.Tensor | None = None, count=None) -> torch.Tensor:
+        """The norm of ``x [N, D]``'s rows, or of the rows ``index[:count]`` names (zero past the
+        count), in one launch (``seer_kernels.rms_norm``): for a layer that computes some rows
+        (``Taps.rows``). The same values as ``forward`` on the CPU; on a GPU within rounding."""
+        return seer_kernels.rms_norm(x, self.weight, self.eps, index=index, count=count, check=False)
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,27 +49,18 @@ def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[
     return emb.cos(), emb.sin()
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, full_precision: bool) -> torch.Tensor:
     """Rotate ``x [..., tokens, heads, d]`` with ``cos/sin [..., tokens, d]`` (broadcast over heads),
     or ``[..., tokens, 1, d]`` (already broadcastable: a layer unsqueezes once for q and k).
 
     full_precision=True (LLaDA, ``rope_full_precision``): rotate in fp32, cast back.
     full_precision=False (Dream): cast cos/sin to x's dtype and rotate in that dtype.
+    (``seer_kernels.rotary_embedding.apply_rotary``, the reference of the fused row op.)
     """
     if cos.dim() < x.dim():
         cos = cos.unsqueeze(-2)
         sin = sin.unsqueeze(-2)
-    if full_precision:
-        xf = x.float()
-        return (xf * cos + rotate_half(xf) * sin).to(x.dtype)
-    cos = cos.to(x.dtype)
-    sin = sin.to(x.dtype)
-    return x * cos + rotate_half(x) * sin
+    return apply_rotary(x, cos, sin, full_precision=full_precision)
 
 
 def _sdpa_padded(q, k, v, key_mask, scale=None, attn_mask=None):
@@ -152,25 +147,30 @@ def block_forward(
     (rotated keys, values) in the layout's form. With ``taps.rows`` (packed hidden only) K/V are
     projected for ``rows.kv_index`` alone, ``rows.attend`` replaces the attention core, and the
     FFN runs for the rows ``rows.ffn_index(ctx)`` names alone (``seer_runtime.adapter.LayerRows``;
-    row sets are fixed-capacity index buffers with a count that may stay on the device). Returns
-    the new hidden state, same shape.
+    row sets are fixed-capacity index buffers with a count that may stay on the device); such a
+    layer norms and rotates with the fused row ops (``block.row_norms()``' ``rows``,
+    ``seer_kernels.rotary_embedding``: the same values on the CPU, within rounding on a GPU).
+    Returns the new hidden state, same shape.
     """
     rows = taps.rows if taps is not None else None
     if rows is not None and (taps.mlp_sparsity_eps is not None or taps.keep_mlp_act):
         raise ValueError("taps cannot be served on a layer that computes only some rows (taps.rows): "
                          "the MLP activation exists for those rows only")
-    x_n = block.attn_norm(hidden)
-    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # [..., tokens, 1, d]: broadcast over heads, for q and k
     if rows is None:
+        x_n = block.attn_norm(hidden)
+        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # [..., tokens, 1, d]: broadcast over heads, for q and k
         q, k, v = block.project_qkv(x_n)
         k = apply_rope(k, cos, sin, full_precision=rope_full_precision)
-    else:  # K/V of the first kv_count rows of kv_index only (a fixed-capacity row set)
+        q = apply_rope(q, cos, sin, full_precision=rope_full_precision)
+    else:  # K/V of the first kv_count rows of kv_index only (a fixed-capacity row set); fused norms and RoPE
+        attn_norm, ffn_norm = block.row_norms()
+        x_n = attn_norm.rows(hidden)
         index, count = rows.kv_index, rows.kv_count
-        q = block.project_q(x_n)
         k, v = block.project_kv(seer_kernels.gather_rows(x_n, index, count, check=False), count=count)
-        k = apply_rope(k, seer_kernels.gather_rows(cos, index, count, check=False),
-                       seer_kernels.gather_rows(sin, index, count, check=False), full_precision=rope_full_precision)
-    q = apply_rope(q, cos, sin, full_precision=rope_full_precision)
+        k = seer_kernels.rotary_embedding(k, cos, sin, full_precision=rope_full_precision, index=index, count=count,
+                                          check=False)
+        q = seer_kernels.rotary_embedding(block.project_q(x_n), cos, sin, full_precision=rope_full_precision,
+                                          check=False)
     if taps is not None and taps.keep_kv:
         taps.kv = (k, v)
     if rows is None:
@@ -187,8 +187,7 @@ def block_forward(
         ffn = block.mlp_down(swiglu(gate, up, taps))
     else:
         index, count = rows.ffn_index(ctx)
-        gate, up = block.mlp_gate_up(block.ffn_norm(seer_kernels.gather_rows(hidden, index, count, check=False)),
-                                     count=count)
+        gate, up = block.mlp_gate_up(ffn_norm.rows(hidden, index, count), count=count)
         ffn = rows.ffn_output(block.mlp_down(swiglu(gate, up, None), count=count))
     if taps is not None and taps.keep_ffn_out:
         taps.ffn_out = ffn

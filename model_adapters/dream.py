@@ -127,6 +127,9 @@ class DreamDecoderLayer(nn.Module):
     def ffn_norm(self, x: torch.Tensor) -> torch.Tensor:
         return self.post_attention_layernorm(x)
 
+    def row_norms(self) -> tuple[RMSNorm, RMSNorm]:
+        return self.input_layernorm, self.post_attention_layernorm
+
     def mlp_gate_up(self, h: torch.Tensor, *, count=None):
         return linear(self.mlp.gate_proj, h, count), linear(self.mlp.up_proj, h, count)
 

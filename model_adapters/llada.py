@@ -143,6 +143,9 @@ class LLaDALlamaBlock(nn.Module):
     def ffn_norm(self, x: torch.Tensor) -> torch.Tensor:
         return self.ff_norm(x)
 
+    def row_norms(self) -> tuple[RMSNorm, RMSNorm]:
+        return self.attn_norm, self.ff_norm
+
     # attn_norm is the module itself (name kept from the checkpoint)
 
 

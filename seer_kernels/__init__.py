@@ -13,7 +13,9 @@ Public ops, one module per op family named after its op (see each for shapes, dt
 * :func:`cosine_saliency` (``cosine_saliency.py``), :func:`gather_rows` /
   :func:`scatter_rows` (``row_gather_scatter.py``), :func:`partial_attention`
   (``partial_attention.py``), :func:`row_linear` (``row_linear.py``) - DyLLM saliency
-  selection, partial attention, and the linear layers of the salient rows.
+  selection, partial attention, and the linear layers of the salient rows;
+* :func:`rms_norm` (``rms_norm.py``), :func:`rotary_embedding` (``rotary_embedding.py``) -
+  RMSNorm and rotate-half RoPE of whole rows or of a row set (DyLLM's sparse layers).
 
 Every public op validates its arguments and computes through a registered torch op,
 ``torch.ops.seer.<op>``, with a fake implementation (shapes from shapes) and its written
@@ -42,6 +44,8 @@ from ._dispatch import current_backend, emulate_device, in_kernel, interpreting,
 from .cosine_saliency import cosine_saliency, cosine_saliency_reference
 from .mlp_sparsity import mlp_sparsity, mlp_sparsity_reference, swiglu_sparsity, swiglu_sparsity_reference
 from .partial_attention import partial_attention, partial_attention_reference
+from .rms_norm import rms_norm, rms_norm_reference
+from .rotary_embedding import rotary_embedding, rotary_embedding_reference
 from .row_gather_scatter import gather_rows, gather_rows_reference, scatter_rows, scatter_rows_reference
 from .row_linear import row_linear, row_linear_reference
 from .slice_repack import slice_repack, slice_repack_reference
@@ -65,6 +69,10 @@ __all__ = [
     "mlp_sparsity_reference",
     "partial_attention",
     "partial_attention_reference",
+    "rms_norm",
+    "rms_norm_reference",
+    "rotary_embedding",
+    "rotary_embedding_reference",
     "row_linear",
     "row_linear_reference",
     "scatter_rows",

@@ -269,6 +269,15 @@ def _check_index_values(index: torch.Tensor, count: int | torch.Tensor, n_rows: 
         raise ValueError("index values in slots [0, count) must be unique for scatter_rows")
 
 
+def check_row_set(index: object, count: object, n_rows: int) -> None:
+    """The checks of a row set ``(index, count)`` over a table of ``n_rows`` rows that another op
+    family takes (``rms_norm``, ``rotary_embedding``): ``index`` int32/int64 ``[capacity]``
+    contiguous, ``count`` an int in ``[0, capacity]`` or a one-element int tensor, and, on the
+    host path, the live slots' values in ``[0, n_rows)``."""
+    _check_common(index, count)
+    _check_index_values(index, count, n_rows, unique=False)
+
+
 def _check_row_op(table_name: str, table: object, index: object, count: object, rows_name: str,
                   rows: object, *, unique: bool) -> None:
     """The argument checks :func:`gather_rows` and :func:`scatter_rows` share: ``table`` ``[N, *F]``

@@ -226,6 +226,11 @@ class TransformerBlock(Protocol):
 
     def mlp_down(self, act: torch.Tensor, *, count=None) -> torch.Tensor: ...
 
+    def row_norms(self) -> tuple:
+        """The norms ``attn_norm`` and ``ffn_norm`` apply, as modules with ``rows(x, index,
+        count)`` (``model_adapters.common.RMSNorm``): a layer that computes some rows norms them
+        with one fused op each."""
+
 
 @runtime_checkable
 class DiffusionAdapter(Protocol):

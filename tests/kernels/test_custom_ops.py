@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.custom_ops]
 
 OPS = [
     "mlp_sparsity", "swiglu_sparsity", "snr_boundary", "varlen_attention", "slice_repack", "cosine_saliency",
-    "gather_rows", "scatter_rows", "partial_attention", "row_linear",
+    "gather_rows", "scatter_rows", "partial_attention", "row_linear", "rms_norm", "rotary_embedding",
 ]  # fmt: skip
 TABLES = dict(micro_buckets=[4, 8], packed_buckets=[8, 16], batch_buckets=[2, 4])
 
@@ -69,6 +69,11 @@ def _calls() -> dict:
             dict(k_old=randn(T, H, d)),
         ),
         "row_linear": (sk.row_linear, (randn(6, 5), randn(3, 5), randn(3), _count(4)), {}),
+        "rms_norm": (sk.rms_norm, (randn(6, 5), randn(5), 1e-6),
+                     dict(index=torch.tensor([4, 0, 2, -1], dtype=torch.int32), count=_count(3))),
+        "rotary_embedding": (sk.rotary_embedding, (randn(4, 2, 6), randn(7, 6), randn(7, 6)),
+                             dict(full_precision=True, index=torch.tensor([6, 0, 2, -1], dtype=torch.int32),
+                                  count=_count(3))),
     }  # fmt: skip
 
 
@@ -138,6 +143,10 @@ def _op_args(name: str, args: tuple, kwargs: dict) -> tuple[tuple, list[torch.Te
         return (dst, index, count, 0, src), [dst]
     if name == "row_linear":
         return (*args[:3], args[3], 0), []
+    if name == "rms_norm":
+        return (*args, kwargs["index"], kwargs["count"], 0), []
+    if name == "rotary_embedding":
+        return (*args, kwargs["full_precision"], kwargs["index"], kwargs["count"], 0), []
     if name == "cosine_saliency":
         ctx, cache, tau = args
         bufs = [torch.empty(ctx.shape[0], dtype=torch.int32), torch.empty(1, dtype=torch.int32),
@@ -312,8 +321,8 @@ class CachedRows:
 
 @pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
 def test_compiled_row_set_layer_equals_eager(backend):
-    """DyLLM's row-set path: gather_rows, row_linear (biased K/V, the FFN), scatter_rows,
-    partial_attention and cosine_saliency inside one compiled layer, counts on the device; once
+    """DyLLM's row-set path: rms_norm, rotary_embedding, gather_rows, row_linear (biased K/V, the
+    FFN), scatter_rows, partial_attention and cosine_saliency inside one compiled layer, counts on the device; once
     through Inductor too (its handling of ops that write their arguments)."""
     model, g = _layer_inputs(3)
     T, Hk, d = 10, model.num_kv_heads, model.head_dim
@@ -333,7 +342,8 @@ def test_compiled_row_set_layer_equals_eager(backend):
         rows = CachedRows(keys, values, contexts, ffn_cache, index, count, cu, 6)
         return model.layer(2, hidden, layout, rope=(cos, sin), taps=Taps(rows=rows))
 
-    ops = {"gather_rows", "row_linear", "scatter_rows", "partial_attention", "cosine_saliency"}
+    ops = {"gather_rows", "row_linear", "scatter_rows", "partial_attention", "cosine_saliency", "rms_norm",
+           "rotary_embedding"}
     _compiled_equals_eager(step, make_state, ops, backend)
 
 
@@ -399,7 +409,7 @@ def test_the_recorder_sees_host_checks_outside_emulation():
             fn(*_clone(args), **_clone(kwargs))
         read += [name] if recorder.reads else []
     assert set(read) >= {"mlp_sparsity", "snr_boundary", "varlen_attention", "slice_repack", "gather_rows",
-                         "scatter_rows", "partial_attention"}  # fmt: skip
+                         "scatter_rows", "partial_attention", "rms_norm", "rotary_embedding"}  # fmt: skip
 
 
 def test_slice_repack_tensor_tables_need_out_on_the_device_path():

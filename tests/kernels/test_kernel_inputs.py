@@ -290,6 +290,49 @@ CASES = [
         TypeError, "weight"),
     Bad("row_linear-device", lambda: sk.row_linear(torch.randn(4, 4), meta(torch.randn(3, 4)), None, 2),
         ValueError, "weight"),
+    # rms_norm
+    Bad("rms_norm-x-1d", lambda: sk.rms_norm(torch.randn(4), torch.ones(4), 1e-6), ValueError, "x"),
+    Bad("rms_norm-x-int", lambda: sk.rms_norm(torch.ones(2, 4, dtype=torch.long), torch.ones(4), 1e-6), TypeError,
+        "x"),
+    Bad("rms_norm-weight-shape", lambda: sk.rms_norm(rows(), torch.ones(5), 1e-6), ValueError, "weight"),
+    Bad("rms_norm-eps-0", lambda: sk.rms_norm(rows(), torch.ones(4), 0.0), ValueError, "eps"),
+    Bad("rms_norm-eps-nan", lambda: sk.rms_norm(rows(), torch.ones(4), NAN), ValueError, "eps"),
+    Bad("rms_norm-index-without-count", lambda: sk.rms_norm(rows(), torch.ones(4), 1e-6, index=IDX), ValueError,
+        "count"),
+    Bad("rms_norm-index-range", lambda: sk.rms_norm(rows(), torch.ones(4), 1e-6,
+                                                    index=torch.tensor([0, 6, -1, -1], dtype=torch.int32), count=2),
+        ValueError, "index"),
+    Bad("rms_norm-count-past-capacity", lambda: sk.rms_norm(rows(), torch.ones(4), 1e-6, index=IDX, count=5),
+        ValueError, "count"),
+    Bad("rms_norm-device", lambda: sk.rms_norm(rows(), meta(torch.ones(4)), 1e-6), ValueError, "weight"),
+    # rotary_embedding
+    Bad("rotary_embedding-x-2d", lambda: sk.rotary_embedding(rows(), rows(), rows(), full_precision=True),
+        ValueError, "x"),
+    Bad("rotary_embedding-head_dim-odd",
+        lambda: sk.rotary_embedding(torch.randn(6, 2, 5), torch.randn(6, 5), torch.randn(6, 5), full_precision=True),
+        ValueError, "head dimension"),
+    Bad("rotary_embedding-cos-width",
+        lambda: sk.rotary_embedding(torch.randn(6, 2, 4), torch.randn(6, 6), torch.randn(6, 6), full_precision=True),
+        ValueError, "cos"),
+    Bad("rotary_embedding-cos-rows",
+        lambda: sk.rotary_embedding(torch.randn(6, 2, 4), torch.randn(5, 4), torch.randn(5, 4), full_precision=True),
+        ValueError, "cos"),
+    Bad("rotary_embedding-sin-shape",
+        lambda: sk.rotary_embedding(torch.randn(6, 2, 4), rows(), torch.randn(7, 4), full_precision=True),
+        ValueError, "sin"),
+    Bad("rotary_embedding-index-capacity",
+        lambda: sk.rotary_embedding(torch.randn(6, 2, 4), rows(), rows(), full_precision=True, index=IDX, count=3),
+        ValueError, "index"),
+    Bad("rotary_embedding-index-range",
+        lambda: sk.rotary_embedding(torch.randn(4, 2, 4), rows(), rows(), full_precision=True,
+                                    index=torch.tensor([0, 6, -1, -1], dtype=torch.int32), count=2),
+        ValueError, "index"),
+    Bad("rotary_embedding-count-without-index",
+        lambda: sk.rotary_embedding(torch.randn(6, 2, 4), rows(), rows(), full_precision=True, count=3),
+        ValueError, "index"),
+    Bad("rotary_embedding-device",
+        lambda: sk.rotary_embedding(torch.randn(6, 2, 4), rows(), meta(rows()), full_precision=True),
+        ValueError, "sin"),
 ]
 
 
@@ -307,7 +350,8 @@ def test_bad_kernel_input_is_rejected_by_name(case: Bad):
 def test_every_public_op_has_bad_input_cases():
     ops = {c.id.split("-")[0] for c in CASES}
     public = {"mlp_sparsity", "swiglu_sparsity", "snr_boundary", "varlen_attention", "slice_repack",
-              "cosine_saliency", "gather_rows", "scatter_rows", "partial_attention", "row_linear"}
+              "cosine_saliency", "gather_rows", "scatter_rows", "partial_attention", "row_linear", "rms_norm",
+              "rotary_embedding"}
     assert public <= ops, public - ops
     assert len({c.id for c in CASES}) == len(CASES), "case ids must be distinct"
 

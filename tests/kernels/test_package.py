@@ -27,6 +27,8 @@ OP_MODULES = {
     "scatter_rows": "row_gather_scatter",
     "partial_attention": "partial_attention",
     "row_linear": "row_linear",
+    "rms_norm": "rms_norm",
+    "rotary_embedding": "rotary_embedding",
 }
 # modules that are not an op family: the dispatch helpers, slice_repack's host-side control types
 SUPPORT_MODULES = {"_dispatch", "slice_repack_control"}
