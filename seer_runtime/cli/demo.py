@@ -9,8 +9,9 @@ baseline, by Seer with each probe (the sparsity probe of the paper, the step-0 e
 probability, and both combined), by DyLLM (its calibrated config), by confidence-threshold
 parallel decoding (``GenerationConfig.threshold``, ``--threshold``) and by their compositions
 (Seer + threshold, Seer + threshold + DyLLM), interleaved batch by batch so that all see the
-same machine load. One table, the same figures as JSON with ``--json``, and a PNG of the
-step-0 sparsity profiles with the detected boundary and the true end (``--plot``).
+same machine load (``--only`` picks some of them; the recommended probe always runs). One
+table, the same figures as JSON with ``--json``, and a PNG of the step-0 sparsity profiles with
+the detected boundary and the true end (``--plot``).
 
 Figures (per configuration): ``tok_per_s`` (valid answer tokens per second of wall time),
 ``latency_s`` (mean request latency = its batch's wall time), ``nfe`` (forward passes per
@@ -22,9 +23,11 @@ configuration but the baseline: ``speedup`` (tok/s over the baseline's), ``ideal
 (baseline over its tokens computed, times DyLLM's FLOP fraction ``dyllm_flop_ratio`` where
 DyLLM runs), ``differs_from_baseline`` (any answer difference); and for those with Seer:
 ``boundary_mae`` (|predicted end - baseline's end|), ``over_truncation_rate`` (the first cut
-fell before the baseline's end token), ``recovered`` (of those, answers equal to the
-baseline's after the guard), ``lost_answers`` (over-truncated and not equal to the baseline's
-answer). JSON: the Seer probes under ``probes``, the other configurations under ``methods``.
+fell before the baseline's end token), and of those: ``recovered`` (answers equal to the
+baseline's after the guard), ``completed_differently`` (a complete answer, its end token inside
+its window, that differs from the baseline's: the model finished sooner in the shorter window)
+and ``lost_answers`` (differs and has no end token inside its window: content cut off). JSON: the
+Seer probes under ``probes``, the other configurations under ``methods``.
 """
 
 from __future__ import annotations
@@ -71,6 +74,9 @@ def _figures(res: RunResult, base: RunResult | None, window: int, score) -> dict
     true_end = [e if e >= 0 else window for e in base.end_positions]
     keep = res.seer["keep_len"]
     over = [k < min(t + 1, window) for k, t in zip(keep, true_end)]
+    # an answer is complete when its end token lies inside the window it was finally decoded in
+    final = res.seer.get("final_window", [window] * len(keep))
+    ended = [0 <= e < f for e, f in zip(res.end_positions, final)]
     out.update(
         boundary_mae=boundary_mae(res.seer["boundary"], true_end, window),
         exact_boundary=sum((b if b is not None else window) == t for b, t in zip(res.seer["boundary"], true_end))
@@ -80,7 +86,8 @@ def _figures(res: RunResult, base: RunResult | None, window: int, score) -> dict
         guard_events=sum(res.seer["guard_events"]),
         premature_cuts=sum(res.seer["premature_cuts"]),
         recovered=sum(o and s for o, s in zip(over, same)),
-        lost_answers=sum(o and not s for o, s in zip(over, same)),
+        completed_differently=sum(o and not s and e for o, s, e in zip(over, same, ended)),
+        lost_answers=sum(o and not s and not e for o, s, e in zip(over, same, ended)),
         mean_keep_len=sum(keep) / len(keep),
     )
     return out
@@ -112,7 +119,8 @@ def format_table(figures: dict) -> str:
             ("answer len", "answer_tokens", "{:.1f}"), ("speed-up", "speedup", "x{:.2f}"),
             ("ideal", "ideal_speedup", "x{:.2f}"), ("MAE", "boundary_mae", "{:.2f}"),
             ("over-trunc", "over_truncation_rate", "{:.3f}"), ("recovered", "recovered", "{}"),
-            ("lost", "lost_answers", "{}"), ("!= base", "differs_from_baseline", "{}")]
+            ("ended sooner", "completed_differently", "{}"), ("lost", "lost_answers", "{}"),
+            ("!= base", "differs_from_baseline", "{}")]
     head = "| config | " + " | ".join(c[0] for c in cols) + " |"
     lines = [head, "|" + "---|" * (len(cols) + 1)]
     for name, f in figures.items():
@@ -134,6 +142,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--json", default=None, help="write the figures as JSON to this path")
     p.add_argument("--plot", default=None, help="write the step-0 sparsity plot (PNG) to this path")
     p.add_argument("--model", default=None, help="a model directory the trainer wrote for this workload")
+    p.add_argument("--only", nargs="+", default=None, metavar="CONFIG",
+                   help="decode only these configurations beside the baseline (names as in the table, e.g. "
+                        "seer:eos_prob dyllm); the recommended Seer probe is always decoded")
     p.add_argument("--threshold", type=float, default=0.9,
                    help="the confidence threshold of the parallel-decoding rows (default 0.9, Fast-dLLM's)")
     p.set_defaults(func=main)
@@ -162,6 +173,11 @@ def main(args) -> int:
         "seer+threshold+dyllm": (fast, {"seer": default, "dyllm": dyllm}),
     }
     recommended = f"seer:{default.probe}"
+    if args.only is not None:
+        unknown = sorted(set(args.only) - set(configs))
+        if unknown:
+            raise SystemExit(f"--only: unknown configuration(s) {unknown}; choose among {sorted(configs)}")
+        configs = {name: plan for name, plan in configs.items() if name in args.only or name == recommended}
     params = sum(p.numel() for p in model.parameters())
     print(f"embedded {args.workload} model: {emb.DESCRIPTION} ({params:,} parameters), {n} held-out requests, "
           f"batch {bs}, window {gen.gen_length}, {torch.get_num_threads()} threads", file=sys.stderr)
@@ -200,6 +216,7 @@ def main(args) -> int:
         "boundary_mae": rec["boundary_mae"],
         "over_truncation_rate": rec["over_truncation_rate"],
         "recovered": rec["recovered"],
+        "completed_differently": rec["completed_differently"],
         "lost_answers": rec["lost_answers"],
         "probes": {name.split(":", 1)[1]: f for name, f in figures.items() if name.startswith("seer:")},
         "methods": {name: f for name, f in figures.items() if name != "baseline" and not name.startswith("seer:")},
