@@ -11,7 +11,7 @@ Public ops, one module per op family named after its op (see each for shapes, dt
   rewrite positions and mask; its host routing rule :func:`slice_repack_decision`, control
   word and buffers live in ``slice_repack_control.py``;
 * :func:`cosine_saliency` (``cosine_saliency.py``), :func:`gather_rows` /
-  :func:`scatter_rows` (``row_gather_scatter.py``), :func:`partial_attention`
+  :func:`scatter_rows`, :func:`exchange_rows` (``row_gather_scatter.py``), :func:`partial_attention`
   (``partial_attention.py``), :func:`row_linear` (``row_linear.py``) - DyLLM saliency
   selection, partial attention, and the linear layers of the salient rows;
 * :func:`rms_norm` (``rms_norm.py``), :func:`rotary_embedding` (``rotary_embedding.py``) -
@@ -46,7 +46,14 @@ from .mlp_sparsity import mlp_sparsity, mlp_sparsity_reference, swiglu_sparsity,
 from .partial_attention import partial_attention, partial_attention_reference
 from .rms_norm import rms_norm, rms_norm_reference
 from .rotary_embedding import rotary_embedding, rotary_embedding_reference
-from .row_gather_scatter import gather_rows, gather_rows_reference, scatter_rows, scatter_rows_reference
+from .row_gather_scatter import (
+    exchange_rows,
+    exchange_rows_reference,
+    gather_rows,
+    gather_rows_reference,
+    scatter_rows,
+    scatter_rows_reference,
+)
 from .row_linear import row_linear, row_linear_reference
 from .slice_repack import slice_repack, slice_repack_reference
 from .slice_repack_control import ControlValues, SliceRepackOutput, slice_repack_buffers, slice_repack_decision
@@ -60,6 +67,8 @@ __all__ = [
     "cosine_saliency_reference",
     "current_backend",
     "emulate_device",
+    "exchange_rows",
+    "exchange_rows_reference",
     "gather_rows",
     "gather_rows_reference",
     "in_kernel",

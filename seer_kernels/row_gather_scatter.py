@@ -4,6 +4,8 @@ DyLLM runs the FFN (and the K/V projection) only for the salient rows: gather th
 dense ``[capacity, D]`` block, run the layer on it, scatter the result back into the cached
 ``[N, D]`` tensor. ``index``/``count`` come straight from :func:`cosine_saliency`, so the
 number of live rows stays on the device and both ops are CUDA-graph capturable.
+:func:`exchange_rows` does both on one table in one pass: it returns the rows it overwrites
+(DyLLM's sparse layer reads a cache row's previous K/V and writes the new one).
 """
 
 from __future__ import annotations
@@ -113,6 +115,43 @@ def _scatter_rows_kernel(
     tl.store(dst_ptr + rows[:, None] * stride_dm + c[None, :] * stride_dd, vals, mask=m)
 
 
+@triton.autotune(configs=_CONFIGS, key=["D"], restore_value=["table_ptr"])  # the table is written in place
+@triton.jit(do_not_specialize=["count_val", "capacity"])
+def _exchange_rows_kernel(
+    table_ptr,
+    index_ptr,
+    count_ptr,
+    count_val,
+    rows_ptr,
+    out_ptr,
+    capacity,
+    D,
+    stride_tm,
+    stride_td,
+    stride_rm,
+    stride_rd,
+    stride_om,
+    stride_od,
+    HAS_COUNT_PTR: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    pid_m = tl.program_id(0).to(tl.int64)
+    pid_d = tl.program_id(1).to(tl.int64)
+    cnt = _live_count(count_ptr, count_val, capacity, HAS_COUNT_PTR)
+    j = pid_m * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+    live = j < cnt
+    rows = tl.load(index_ptr + j, mask=live, other=0).to(tl.int64)
+    c = pid_d * BLOCK_D + tl.arange(0, BLOCK_D).to(tl.int64)
+    c_ok = (c < D)[None, :]
+    m = live[:, None] & c_ok
+    at = table_ptr + rows[:, None] * stride_tm + c[None, :] * stride_td
+    previous = tl.load(at, mask=m, other=0.0)  # the live rows are unique: no other program touches them
+    new = tl.load(rows_ptr + j[:, None] * stride_rm + c[None, :] * stride_rd, mask=m)
+    tl.store(at, new, mask=m)
+    tl.store(out_ptr + j[:, None] * stride_om + c[None, :] * stride_od, previous, mask=(j < capacity)[:, None] & c_ok)
+
+
 def _count_args(count: int | torch.Tensor, index: torch.Tensor) -> tuple[torch.Tensor, int, bool]:
     if isinstance(count, torch.Tensor):
         return count, 0, True
@@ -166,6 +205,32 @@ def _scatter_rows_triton(dst2: torch.Tensor, index: torch.Tensor, count, src2: t
     )
 
 
+def _exchange_rows_triton(table2: torch.Tensor, index: torch.Tensor, count, rows2: torch.Tensor,
+                          out2: torch.Tensor) -> None:
+    capacity, D = rows2.shape
+    if capacity == 0 or D == 0:
+        return
+    count_ptr, count_val, has_ptr = _count_args(count, index)
+    grid = lambda meta: (triton.cdiv(capacity, meta["BLOCK_M"]), triton.cdiv(D, meta["BLOCK_D"]))  # noqa: E731
+    _exchange_rows_kernel[grid](
+        table2,
+        index,
+        count_ptr,
+        count_val,
+        rows2,
+        out2,
+        capacity,
+        D,
+        table2.stride(0),
+        table2.stride(1),
+        rows2.stride(0),
+        rows2.stride(1),
+        out2.stride(0),
+        out2.stride(1),
+        HAS_COUNT_PTR=has_ptr,
+    )
+
+
 def _live_mask(count: int | torch.Tensor, capacity: int, device: torch.device) -> torch.Tensor:
     slots = torch.arange(capacity, device=device)
     if isinstance(count, torch.Tensor):
@@ -210,6 +275,16 @@ def scatter_rows_reference(
     return dst
 
 
+def exchange_rows_reference(
+    table: torch.Tensor, index: torch.Tensor, count: int | torch.Tensor, rows: torch.Tensor
+) -> torch.Tensor:
+    """Torch reference of :func:`exchange_rows`: :func:`gather_rows_reference`, then
+    :func:`scatter_rows_reference` (which reads a tensor ``count`` on the host: syncs)."""
+    previous = gather_rows_reference(table, index, count)
+    scatter_rows_reference(table, index, count, rows)
+    return previous
+
+
 def _gather_rows_impl(src, index, count, count_int, zero_tail, out) -> None:
     live = count if count is not None else count_int
     if not _dispatch.use_triton(src):
@@ -226,11 +301,25 @@ def _scatter_rows_impl(dst, index, count, count_int, src) -> None:
     _scatter_rows_triton(_rows_2d("dst", dst), index, live, _rows_2d("src", src))
 
 
+def _exchange_rows_impl(table, index, count, count_int, rows) -> torch.Tensor:
+    live = count if count is not None else count_int
+    if not _dispatch.use_triton(table):
+        return exchange_rows_reference(table, index, live, rows)
+    out = torch.empty(rows.shape, dtype=rows.dtype, device=rows.device)
+    _exchange_rows_triton(_rows_2d("table", table), index, live, _rows_2d("rows", rows), _rows_2d("out", out))
+    return out
+
+
 # the registered ops (seer_kernels._dispatch): validated arguments, buffers allocated by the caller
 _gather_rows_op = _dispatch.define_op(
     "gather_rows(Tensor src, Tensor index, Tensor? count, int count_int, bool zero_tail, Tensor(a!) out) -> ()",
     _gather_rows_impl,
     lambda src, index, count, count_int, zero_tail, out: None,
+)
+_exchange_rows_op = _dispatch.define_op(
+    "exchange_rows(Tensor(a!) table, Tensor index, Tensor? count, int count_int, Tensor rows) -> Tensor",
+    _exchange_rows_impl,
+    lambda table, index, count, count_int, rows: torch.empty_like(rows, memory_format=torch.contiguous_format),
 )
 _scatter_rows_op = _dispatch.define_op(
     "scatter_rows(Tensor(a!) dst, Tensor index, Tensor? count, int count_int, Tensor src) -> ()",
@@ -366,3 +455,32 @@ def scatter_rows(
         _check_row_op("dst", dst, index, count, "src", src, unique=True)
     _scatter_rows_op(dst, index, *_dispatch.split_count(count), src)
     return dst
+
+
+def exchange_rows(
+    table: torch.Tensor, index: torch.Tensor, count: int | torch.Tensor, rows: torch.Tensor, *, check: bool = True
+) -> torch.Tensor:
+    """In place ``table[index[j]] = rows[j]`` for ``j < count``, returning the rows it overwrote.
+
+    One pass over the live rows instead of a :func:`gather_rows` and a :func:`scatter_rows`.
+
+    Args:
+        table: ``[N, *F]`` fp16/bf16/fp32/fp64, written in place (trailing dims must flatten to
+            one without a copy when there are more than one).
+        index: int32/int64 ``[capacity]`` contiguous; slots ``j < count`` hold **unique** row
+            ids in ``[0, N)`` (checked on the host path only); slots at or past ``count`` are
+            never read.
+        count: as in :func:`gather_rows`.
+        rows: ``[capacity, *F]`` of ``table``'s dtype; rows ``j >= count`` are ignored.
+        check: validate the arguments (default); False skips every check, as in
+            :func:`gather_rows`.
+
+    Returns:
+        ``[capacity, *F]`` contiguous: row ``j < count`` is ``table[index[j]]`` as it was before
+        the call, rows at or past ``count`` are zero. Rows of ``table`` not named by a live slot
+        are left untouched. Graph-capturable (the first CUDA call per row width autotunes,
+        restoring the table between trials: warm up before a capture).
+    """
+    if check:
+        _check_row_op("table", table, index, count, "rows", rows, unique=True)
+    return _exchange_rows_op(table, index, *_dispatch.split_count(count), rows)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from seer_kernels import cosine_saliency, gather_rows, partial_attention, scatter_rows, varlen_attention
+from seer_kernels import cosine_saliency, exchange_rows, partial_attention, scatter_rows, varlen_attention
 
 from .adapter import PackedLayout, PrefixKV, Taps
 from .config import StoredConfig
@@ -615,11 +615,13 @@ class SparseLayer:
         gate, count, num_q = plan.gate, plan.gate_count, maps.num_queries
         key_cache, value_cache = policy.flat("keys", i), policy.flat("values", i)
         at = plan.gate_at if plan.gate_at is not None else _cache_rows(maps, gate)
-        dv = v - gather_rows(value_cache, at, count, check=False)  # index maps built here: no checks
-        # the salient rows' keys before the update (the key-corrected partial attention)
-        k_old = gather_rows(key_cache, at, count, check=False) if policy.config.attention_mode == "partial" else None
-        scatter_rows(key_cache, at, count, k, check=False)
-        scatter_rows(value_cache, at, count, v, check=False)
+        # the gating rows' new K/V into the caches, their previous values out (index maps built here: no checks)
+        dv = v - exchange_rows(value_cache, at, count, v, check=False)
+        if policy.config.attention_mode == "partial":  # the keys before the update (key-corrected attention)
+            k_old = exchange_rows(key_cache, at, count, k, check=False)
+        else:
+            k_old = None
+            scatter_rows(key_cache, at, count, k, check=False)
         prefix_k = prefix_v = None
         if plan.prefix is not None:
             prefix_k, prefix_v = plan.prefix.keys[i], plan.prefix.values[i]

@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.custom_ops]
 
 OPS = [
     "mlp_sparsity", "swiglu_sparsity", "snr_boundary", "varlen_attention", "slice_repack", "cosine_saliency",
-    "gather_rows", "scatter_rows", "partial_attention", "row_linear", "rms_norm", "rotary_embedding",
+    "gather_rows", "scatter_rows", "partial_attention", "row_linear", "rms_norm", "rotary_embedding", "exchange_rows",
 ]  # fmt: skip
 TABLES = dict(micro_buckets=[4, 8], packed_buckets=[8, 16], batch_buckets=[2, 4])
 
@@ -69,6 +69,7 @@ def _calls() -> dict:
             dict(k_old=randn(T, H, d)),
         ),
         "row_linear": (sk.row_linear, (randn(6, 5), randn(3, 5), randn(3), _count(4)), {}),
+        "exchange_rows": (sk.exchange_rows, (randn(6, 5), torch.tensor([4, 0, 2, -1]), _count(3), randn(4, 5)), {}),
         "rms_norm": (sk.rms_norm, (randn(6, 5), randn(5), 1e-6),
                      dict(index=torch.tensor([4, 0, 2, -1], dtype=torch.int32), count=_count(3))),
         "rotary_embedding": (sk.rotary_embedding, (randn(4, 2, 6), randn(7, 6), randn(7, 6)),
@@ -143,6 +144,9 @@ def _op_args(name: str, args: tuple, kwargs: dict) -> tuple[tuple, list[torch.Te
         return (dst, index, count, 0, src), [dst]
     if name == "row_linear":
         return (*args[:3], args[3], 0), []
+    if name == "exchange_rows":
+        table, index, count, rows = args
+        return (table, index, count, 0, rows), []  # the public function returns the previous rows only
     if name == "rms_norm":
         return (*args, kwargs["index"], kwargs["count"], 0), []
     if name == "rotary_embedding":
@@ -409,7 +413,8 @@ def test_the_recorder_sees_host_checks_outside_emulation():
             fn(*_clone(args), **_clone(kwargs))
         read += [name] if recorder.reads else []
     assert set(read) >= {"mlp_sparsity", "snr_boundary", "varlen_attention", "slice_repack", "gather_rows",
-                         "scatter_rows", "partial_attention", "rms_norm", "rotary_embedding"}  # fmt: skip
+                         "scatter_rows", "partial_attention", "rms_norm", "rotary_embedding",
+                         "exchange_rows"}  # fmt: skip
 
 
 def test_slice_repack_tensor_tables_need_out_on_the_device_path():

@@ -250,6 +250,15 @@ CASES = [
     Bad("scatter_rows-src-shape", lambda: sk.scatter_rows(rows(), IDX, 3, torch.randn(3, 4)), ValueError, "src"),
     Bad("scatter_rows-src-dtype", lambda: sk.scatter_rows(rows(), IDX, 3, torch.randn(4, 4, dtype=torch.float64)),
         TypeError, "src"),
+    Bad("exchange_rows-duplicates", lambda: sk.exchange_rows(rows(), torch.tensor([1, 1, -1, -1], dtype=torch.int32),
+                                                             2, torch.randn(4, 4)), ValueError, "index"),
+    Bad("exchange_rows-rows-shape", lambda: sk.exchange_rows(rows(), IDX, 3, torch.randn(3, 4)), ValueError, "rows"),
+    Bad("exchange_rows-rows-dtype", lambda: sk.exchange_rows(rows(), IDX, 3, torch.randn(4, 4).half()), TypeError,
+        "rows"),
+    Bad("exchange_rows-count-past-capacity", lambda: sk.exchange_rows(rows(), IDX, 5, torch.randn(4, 4)), ValueError,
+        "count"),
+    Bad("exchange_rows-device", lambda: sk.exchange_rows(rows(), IDX, 3, meta(torch.randn(4, 4))), ValueError,
+        "rows"),
     # partial_attention
     Bad("partial_attention-q-int", lambda: call_partial(q=torch.ones(7, 2, 8, dtype=torch.long)), TypeError, "q"),
     Bad("partial_attention-ctx_cache-shape", lambda: call_partial(ctx_cache=torch.randn(6, 2, 8)), ValueError,
@@ -351,7 +360,7 @@ def test_every_public_op_has_bad_input_cases():
     ops = {c.id.split("-")[0] for c in CASES}
     public = {"mlp_sparsity", "swiglu_sparsity", "snr_boundary", "varlen_attention", "slice_repack",
               "cosine_saliency", "gather_rows", "scatter_rows", "partial_attention", "row_linear", "rms_norm",
-              "rotary_embedding"}
+              "rotary_embedding", "exchange_rows"}
     assert public <= ops, public - ops
     assert len({c.id for c in CASES}) == len(CASES), "case ids must be distinct"
 

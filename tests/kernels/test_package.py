@@ -25,6 +25,7 @@ OP_MODULES = {
     "cosine_saliency": "cosine_saliency",
     "gather_rows": "row_gather_scatter",
     "scatter_rows": "row_gather_scatter",
+    "exchange_rows": "row_gather_scatter",
     "partial_attention": "partial_attention",
     "row_linear": "row_linear",
     "rms_norm": "rms_norm",

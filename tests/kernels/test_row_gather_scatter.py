@@ -1,4 +1,5 @@
-"""seer_kernels.gather_rows / scatter_rows: Triton (interpreter) against the torch reference."""
+"""seer_kernels.gather_rows / scatter_rows / exchange_rows: Triton (interpreter) against the torch
+reference."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from seer_kernels import kernel_backend
 from seer_kernels.cosine_saliency import cosine_saliency
 from seer_kernels.row_gather_scatter import (
     _CONFIGS,
+    exchange_rows,
+    exchange_rows_reference,
     gather_rows,
     gather_rows_reference,
     scatter_rows,
@@ -89,6 +92,40 @@ def test_scatter_matches_reference(case, dtype, count_kind):
     out = scatter_rows(dst, index, count, src)
     assert out.data_ptr() == dst.data_ptr()
     assert torch.equal(dst, expected) and torch.equal(ref, expected)
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_ids)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("count_kind", ["int", "i32"])
+def test_exchange_returns_the_overwritten_rows_and_writes_the_new(case, dtype, count_kind):
+    N, D, cap, n = case
+    table = torch.randn(N, D).to(dtype)
+    rows = torch.randn(cap, D).to(dtype)
+    rows[n:] = float("nan")  # rows past count must never be written
+    index = _index(N, cap, n, seed=N + 3 * D)
+    count = _count(count_kind, n)
+    expected_table = table.clone()
+    expected_table[index[:n].long()] = rows[:n]
+    expected_previous = torch.zeros(cap, D, dtype=dtype)
+    expected_previous[:n] = table[index[:n].long()]
+    ref_table = table.clone()
+    ref = exchange_rows_reference(ref_table, index, count, rows)
+    previous = exchange_rows(table, index, count, rows)
+    assert previous.shape == (cap, D) and previous.is_contiguous()
+    assert torch.equal(previous, expected_previous) and torch.equal(ref, expected_previous)
+    assert torch.equal(table, expected_table) and torch.equal(ref_table, expected_table)
+
+
+def test_exchange_multidim_rows_and_device_counts_out_of_range():
+    base = torch.randn(9, 2, 3, 4)
+    table = base[:, 1]  # [N, H, d] with a row stride of 2*H*d
+    index = torch.tensor([8, 0, 4, 2], dtype=torch.int32)
+    rows = torch.randn(4, 3, 4)
+    before = table.clone()
+    previous = exchange_rows(table, index, torch.tensor([40], dtype=torch.int32), rows)  # acts as 4
+    assert torch.equal(previous, before[index.long()]) and torch.equal(table[index.long()], rows)
+    nothing = exchange_rows(table, index, torch.tensor([-2], dtype=torch.int32), before[index.long()])
+    assert torch.equal(nothing, torch.zeros(4, 3, 4)) and torch.equal(table[index.long()], rows)
 
 
 def test_gather_zero_tail_false_keeps_out_and_allows_repeats():

@@ -1,4 +1,4 @@
-"""gather_rows / scatter_rows compiled on CUDA in bf16: bitwise against the torch reference,
+"""gather_rows / scatter_rows / exchange_rows compiled on CUDA in bf16: bitwise against the torch reference,
 with the index and count straight from cosine_saliency (device-side count)."""
 
 from __future__ import annotations
@@ -6,7 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from seer_kernels import cosine_saliency, gather_rows, gather_rows_reference, scatter_rows, scatter_rows_reference
+from seer_kernels import (
+    cosine_saliency,
+    exchange_rows,
+    exchange_rows_reference,
+    gather_rows,
+    gather_rows_reference,
+    scatter_rows,
+    scatter_rows_reference,
+)
 from tests.kernels.cuda import requires_cuda
 from tests.kernels.test_cosine_saliency import _pair
 
@@ -26,3 +34,6 @@ def test_bf16_bitwise(N, D):
     scatter_rows(dst, index, count, upd)
     scatter_rows_reference(dst_ref, index, count, upd)
     assert torch.equal(dst, dst_ref)
+    table, table_ref = src.clone(), src.clone()
+    assert torch.equal(exchange_rows(table, index, count, upd), exchange_rows_reference(table_ref, index, count, upd))
+    assert torch.equal(table, table_ref)
