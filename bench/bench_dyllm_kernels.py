@@ -18,7 +18,7 @@ prompt 1000 + response 256): partial attention at 5%, 20% and 100% salient rows 
 clustered) for a response-only step (queries = response, keys = prompt + response) and a full
 step, against dense attention (the same kernel with every row salient, ``varlen_attention`` and
 torch SDPA), with the ideal FLOP ratio next to the measured one, and the 20% random case again
-with the key correction; saliency and gather/scatter as a fraction of peak memory bandwidth
+with the key correction; saliency and gather/scatter/exchange as a fraction of peak memory bandwidth
 (``SEER_PEAK_BW`` in B/s, default an H200's 4.8e12); ``row_linear`` at LLaDA-8B's K/V, FFN up
 and FFN down widths on 5%, 20% and 100% of the response rows (a device count), against
 ``F.linear`` on every row, the ideal FLOP ratio (count / capacity) beside the measured one;
@@ -377,6 +377,11 @@ def _time_saliency_and_rows(t: Timing) -> list[dict]:
         ms = t.ms(lambda dst=dst, idx=idx, cnt=cnt, buf=buf: _rg.scatter_rows(dst, idx, cnt, buf))
         note = bandwidth_note(scatter_rows_bytes(n_live, n_rows, d_model, elem), ms)
         rows.append(row(f"scatter_rows {n_live}/{n_rows} rows x {d_model} bf16", ms, note))
+        ms = t.ms(lambda dst=dst, idx=idx, cnt=cnt, buf=buf: _rg.exchange_rows(dst, idx, cnt, buf))
+        # read the old and the new rows, write both (the tail of the returned rows is zeroed)
+        note = bandwidth_note(gather_rows_bytes(n_live, n_rows, d_model, elem, zero_tail=True)
+                              + scatter_rows_bytes(n_live, n_rows, d_model, elem), ms)
+        rows.append(row(f"exchange_rows {n_live}/{n_rows} rows x {d_model} bf16", ms, note))
         del ctx, cache, src, buf, dst
     return rows
 
