@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from . import _dispatch
-from .row_gather_scatter import check_row_set, gather_rows_reference
+from .row_gather_scatter import _live_count, check_row_set, gather_rows_reference
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: the widest row one program holds in registers
@@ -50,11 +50,7 @@ def _rms_norm_kernel(
     offs = tl.arange(0, BLOCK_D)
     ok = offs < D
     if HAS_INDEX:
-        if HAS_COUNT_PTR:
-            count = tl.load(count_ptr).to(tl.int64)
-        else:
-            count = count_val.to(tl.int64)
-        count = tl.minimum(tl.maximum(count, 0), n_out)
+        count = _live_count(count_ptr, count_val, n_out, HAS_COUNT_PTR)
         src = tl.load(index_ptr + row, mask=row < count, other=0).to(tl.int64)
         live = (row + tl.zeros([BLOCK_D], dtype=tl.int64)) < count  # as a vector: the interpreter's masks
         x_mask = ok & live
@@ -150,10 +146,7 @@ def _check_rms_norm(x, weight, eps, index, count) -> None:
         raise ValueError(f"weight must be [D] = [{x.shape[1]}] (x's columns), got {tuple(weight.shape)}")
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0 or eps == float("inf"):
         raise ValueError(f"eps must be a finite float > 0, got {eps!r}")
-    if (index is None) != (count is None):
-        raise ValueError("index and count go together: pass both (a row set) or neither (every row)")
-    if index is not None:
-        check_row_set(index, count, x.shape[0])
+    check_row_set(index, count, x.shape[0])
     device_count = count if isinstance(count, torch.Tensor) else None
     _dispatch.check_same_device(x=x, weight=weight, index=index, count=device_count)
 

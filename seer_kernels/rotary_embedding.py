@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from . import _dispatch
-from .row_gather_scatter import _live_mask, check_row_set, gather_rows_reference
+from .row_gather_scatter import _live_count, _live_mask, check_row_set, gather_rows_reference
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -58,11 +58,7 @@ def _rotary_kernel(
     h_ok = heads < H
     d_ok = offs < HALF
     if HAS_INDEX:
-        if HAS_COUNT_PTR:
-            count = tl.load(count_ptr).to(tl.int64)
-        else:
-            count = count_val.to(tl.int64)
-        count = tl.minimum(tl.maximum(count, 0), M)
+        count = _live_count(count_ptr, count_val, M, HAS_COUNT_PTR)
         angle_row = tl.load(index_ptr + row, mask=row < count, other=0).to(tl.int64)
         live = (row + tl.zeros([BLOCK_HALF], dtype=tl.int64)) < count  # as a vector: the interpreter's masks
         c_mask = d_ok & live
@@ -204,16 +200,11 @@ def _check_rotary(x, cos, sin, index, count) -> None:
             raise ValueError(f"{name} must be [N, {d}] (x's head dimension), got {tuple(table.shape)}")
     if cos.shape != sin.shape:
         raise ValueError(f"cos and sin must have one shape, got {tuple(cos.shape)} and {tuple(sin.shape)}")
-    if (index is None) != (count is None):
-        raise ValueError("index and count go together: pass both (a row set) or neither (row j uses cos[j])")
-    if index is None:
-        if cos.shape[0] != x.shape[0]:
-            raise ValueError(f"cos must have one row per row of x ({x.shape[0]}) without an index, "
-                             f"got {cos.shape[0]}")
-    else:
-        if index.dim() == 1 and index.shape[0] != x.shape[0]:
-            raise ValueError(f"index must have x's {x.shape[0]} rows (its capacity), got {index.shape[0]}")
-        check_row_set(index, count, cos.shape[0])
+    check_row_set(index, count, cos.shape[0])
+    if index is None and cos.shape[0] != x.shape[0]:
+        raise ValueError(f"cos must have one row per row of x ({x.shape[0]}) without an index, got {cos.shape[0]}")
+    if index is not None and index.shape[0] != x.shape[0]:
+        raise ValueError(f"index must have x's {x.shape[0]} rows (its capacity), got {index.shape[0]}")
     _dispatch.check_same_device(x=x, cos=cos, sin=sin, index=index,
                                 count=count if isinstance(count, torch.Tensor) else None)
 

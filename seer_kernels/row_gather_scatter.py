@@ -359,10 +359,14 @@ def _check_index_values(index: torch.Tensor, count: int | torch.Tensor, n_rows: 
 
 
 def check_row_set(index: object, count: object, n_rows: int) -> None:
-    """The checks of a row set ``(index, count)`` over a table of ``n_rows`` rows that another op
-    family takes (``rms_norm``, ``rotary_embedding``): ``index`` int32/int64 ``[capacity]``
-    contiguous, ``count`` an int in ``[0, capacity]`` or a one-element int tensor, and, on the
-    host path, the live slots' values in ``[0, n_rows)``."""
+    """The checks of an optional row set ``(index, count)`` over a table of ``n_rows`` rows that
+    another op family takes (``rms_norm``, ``rotary_embedding``): both or neither given; ``index``
+    int32/int64 ``[capacity]`` contiguous, ``count`` an int in ``[0, capacity]`` or a one-element
+    int tensor, and, on the host path, the live slots' values in ``[0, n_rows)``."""
+    if (index is None) != (count is None):
+        raise ValueError("index and count go together: pass both (a row set) or neither")
+    if index is None:
+        return
     _check_common(index, count)
     _check_index_values(index, count, n_rows, unique=False)
 
