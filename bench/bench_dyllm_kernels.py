@@ -56,6 +56,7 @@ from bench.common import (
     tflops_note,
     time_parts,
 )
+from model_adapters.common import rope_cos_sin
 
 pytestmark = [pytest.mark.bench]
 
@@ -425,10 +426,8 @@ def _time_norm_and_rope(t: Timing) -> list[dict]:
     x = torch.randn(n_rows, d_model, generator=g, device=t.device).to(dtype)
     weight = torch.ones(d_model, device=t.device, dtype=dtype)
     q = torch.randn(n_rows, heads, head_dim, generator=g, device=t.device).to(dtype)
-    angles = torch.randint(0, 4096, (n_rows,), generator=g, device=t.device)
-    inv = 1.0 / (500000.0 ** (torch.arange(0, head_dim, 2, device=t.device, dtype=torch.float32) / head_dim))
-    freqs = torch.cat([angles[:, None].float() * inv] * 2, dim=-1)
-    cos, sin = freqs.cos(), freqs.sin()
+    positions = torch.randint(0, 4096, (n_rows,), generator=g, device=t.device)
+    cos, sin = rope_cos_sin(positions, head_dim, 500000.0)  # the models' own angle tables
     elem = x.element_size()
     rows = []
     torch_ms = t.ms(lambda: _rn.rms_norm_reference(x, weight, 1e-5))
