@@ -21,6 +21,10 @@ by ``torch.compile`` on every device, but on the CPU our body is the reference, 
 on the host; and three kernels launch with their own ``enable_fp_fusion``, which Inductor's
 launch of a user kernel does not take (it applies its global setting), so their bits would change.
 A ``torch.library.Library`` op also dispatches with less Python around it than a ``custom_op``.
+In plain eager inference (grad off, no dispatch or function mode, not tracing) a public op calls
+the registered implementation directly (:class:`SeerOp`): the dispatcher's round trip is most of
+an op's host cost, and nothing is there to see it; anything that watches ops still gets
+``torch.ops.seer.<op>``.
 
 Host reads: a public op reads tensor values on the host (to check them) only on its *host
 path* (:func:`host_path`): a tensor not on a GPU, in eager mode, outside :func:`emulate_device`.
@@ -50,6 +54,7 @@ _scope = threading.local()  # per thread: emulating (bool), kernel_depth (int)
 #: the namespace of every op: ``torch.ops.seer.<op>``
 OP_NAMESPACE = "seer"
 _LIBRARY = torch.library.Library(OP_NAMESPACE, "DEF")
+_REGISTERED: dict[str, SeerOp] = {}  # op name -> the callable its public function computes through
 
 
 def interpreting() -> bool:
@@ -140,7 +145,43 @@ def in_kernel() -> bool:
     return getattr(_scope, "kernel_depth", 0) > 0
 
 
-def define_op(schema: str, implementation: Callable, fake: Callable) -> torch._ops.OpOverload:
+def _dispatcher_needed(first: object) -> bool:
+    """Whether an op call must go through the torch dispatcher rather than straight to its
+    implementation: something may watch or transform it (a ``TorchDispatchMode`` such as
+    FakeTensor, a recording graph backend or the sync audit; a ``TorchFunctionMode``;
+    ``torch.compile`` tracing; functorch transforms), autograd is on, or the first argument is
+    not a plain tensor (a subclass dispatches through ``__torch_dispatch__``)."""
+    return (type(first) is not torch.Tensor or torch.is_grad_enabled() or torch.compiler.is_compiling()
+            or torch._C._len_torch_dispatch_stack() > 0 or torch._C._is_torch_function_mode_enabled()
+            or torch._C._are_functorch_transforms_active())
+
+
+class SeerOp:
+    """The callable a public op computes through: ``torch.ops.seer.<name>`` (:attr:`overload`),
+    or, in plain eager inference (grad off, nothing watching the dispatcher:
+    :func:`_dispatcher_needed`), the same implementation called directly. The dispatcher's
+    round trip (boxing the arguments against the schema and calling back into Python) costs the
+    host more than the rest of a call (bench/RESULTS.md); skipping it changes nothing a caller
+    can see: the implementation and its :func:`in_kernel` scope are the same, and whatever
+    traces, records or audits ops (``torch.compile``, ``make_fx``, a CUDA-graph recorder, a
+    ``TorchDispatchMode``) still sees ``torch.ops.seer.<name>``."""
+
+    __slots__ = ("overload", "_implementation")
+
+    def __init__(self, overload: torch._ops.OpOverload, implementation: Callable):
+        self.overload = overload
+        self._implementation = implementation
+
+    def __call__(self, *args, **kwargs):
+        if _dispatcher_needed(args[0] if args else None):
+            return self.overload(*args, **kwargs)
+        return self._implementation(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"SeerOp({self.overload})"
+
+
+def define_op(schema: str, implementation: Callable, fake: Callable) -> SeerOp:
     """Register ``torch.ops.seer.<name>`` from ``schema`` (``"name(Tensor x, ...) -> ..."``).
 
     ``implementation`` serves every device (it launches the kernel or runs the reference, as
@@ -149,7 +190,8 @@ def define_op(schema: str, implementation: Callable, fake: Callable) -> torch._o
     ``torch.compile``) runs for an op without a ``register_fake`` entry; ``register_fake`` would
     serve too, but it inspects its caller's source at each registration (import time, see
     bench/RESULTS.md). Ops that write a buffer declare it ``Tensor(a!)`` and return nothing for
-    it: an op output may not alias an input. Returns the default overload.
+    it: an op output may not alias an input. Returns the :class:`SeerOp` the public function
+    calls (its ``overload``: the registered default overload).
     """
     name = schema.split("(", 1)[0]
 
@@ -165,7 +207,15 @@ def define_op(schema: str, implementation: Callable, fake: Callable) -> torch._o
     _LIBRARY.define(schema)
     _LIBRARY.impl(name, in_scope, "CompositeExplicitAutograd")
     _LIBRARY.impl(name, fake, "Meta")
-    return getattr(getattr(torch.ops, OP_NAMESPACE), name).default
+    op = _REGISTERED[name] = SeerOp(getattr(getattr(torch.ops, OP_NAMESPACE), name).default, in_scope)
+    return op
+
+
+def registered_op(name: str) -> SeerOp:
+    """The :class:`SeerOp` of ``torch.ops.seer.<name>`` (KeyError naming the known ops otherwise)."""
+    if name not in _REGISTERED:
+        raise KeyError(f"no seer op named {name!r}; registered: {sorted(_REGISTERED)}")
+    return _REGISTERED[name]
 
 
 def split_count(count: int | torch.Tensor) -> tuple[torch.Tensor | None, int]:

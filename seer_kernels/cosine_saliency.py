@@ -262,51 +262,8 @@ def _check_ctx(name: str, t: object) -> torch.Tensor:
     return t
 
 
-def cosine_saliency(
-    ctx: torch.Tensor,
-    ctx_cache: torch.Tensor,
-    tau: float,
-    *,
-    n_rows: int | torch.Tensor | None = None,
-    out_index: torch.Tensor | None = None,
-    out_count: torch.Tensor | None = None,
-    out_similarity: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """DyLLM salient rows: ``cos(ctx[i], ctx_cache[i]) < tau``, compacted ascending.
-
-    Args:
-        ctx: ``[N, D]`` (or ``[N, H, d]``, flattened to ``D = H * d``) fp16/bf16/fp32, the
-            attention context of this step (all heads, before the output projection).
-        ctx_cache: same shape, dtype and device: the context of the previous step.
-        tau: threshold; a row is salient when its similarity is strictly below ``tau``
-            (compared in fp32). ``tau > 1`` makes every considered row salient; NaN is
-            rejected.
-        n_rows: only rows ``< n_rows`` are considered; rows at or past it are not read,
-            never salient, and get similarity ``1.0``. A Python int in ``[0, N]``, or an
-            int32 ``[1]`` tensor on the device (for CUDA graphs; values outside ``[0, N]``
-            act as the nearest end since a device value cannot be checked without a sync).
-            Default: all ``N`` rows.
-        out_index: optional int32 ``[capacity]`` buffer, ``capacity >= N`` (``>= n_rows``
-            when ``n_rows`` is an int) so no salient row can be dropped.
-        out_count: optional int32 ``[1]`` buffer.
-        out_similarity: optional fp32 ``[N]`` buffer.
-
-    Returns:
-        ``(index, count, similarity)``: ``index`` int32 ``[capacity]`` (``capacity = N``
-        unless ``out_index`` is given) holding the salient row ids in ascending order in
-        slots ``[0, count)`` and ``INDEX_PAD`` (-1) after them; ``count`` int32 ``[1]`` on
-        the device; ``similarity`` fp32 ``[N]``.
-
-    Edges: similarity is computed in fp32 over the whole row, clamped to ``[-1, 1]``. Both
-    rows zero -> 1 (unchanged, not salient unless ``tau > 1``); exactly one zero -> 0
-    (salient for ``tau > 0``). A NaN/inf element in either row (or a squared norm that
-    overflows fp32) gives similarity NaN and the row is salient whatever ``tau``:
-    recomputing is always safe.
-    ``N = 0`` -> ``count = 0`` and the index all padding. The result is deterministic
-    (bitwise repeatable) on every backend. No host synchronisation: CUDA-graph capturable
-    (the first CUDA call per row width autotunes the similarity kernel: warm up before a
-    capture).
-    """
+def _check_arguments(ctx, ctx_cache, tau, n_rows, out_index, out_count, out_similarity) -> None:
+    """:func:`cosine_saliency`'s argument checks, each error naming its argument."""
     _check_ctx("ctx", ctx)
     _check_ctx("ctx_cache", ctx_cache)
     if ctx_cache.shape != ctx.shape:
@@ -350,6 +307,59 @@ def cosine_saliency(
         out_similarity=out_similarity,
     )
 
+
+def cosine_saliency(
+    ctx: torch.Tensor,
+    ctx_cache: torch.Tensor,
+    tau: float,
+    *,
+    n_rows: int | torch.Tensor | None = None,
+    out_index: torch.Tensor | None = None,
+    out_count: torch.Tensor | None = None,
+    out_similarity: torch.Tensor | None = None,
+    check: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """DyLLM salient rows: ``cos(ctx[i], ctx_cache[i]) < tau``, compacted ascending.
+
+    Args:
+        ctx: ``[N, D]`` (or ``[N, H, d]``, flattened to ``D = H * d``) fp16/bf16/fp32, the
+            attention context of this step (all heads, before the output projection).
+        ctx_cache: same shape, dtype and device: the context of the previous step.
+        tau: threshold; a row is salient when its similarity is strictly below ``tau``
+            (compared in fp32). ``tau > 1`` makes every considered row salient; NaN is
+            rejected.
+        n_rows: only rows ``< n_rows`` are considered; rows at or past it are not read,
+            never salient, and get similarity ``1.0``. A Python int in ``[0, N]``, or an
+            int32 ``[1]`` tensor on the device (for CUDA graphs; values outside ``[0, N]``
+            act as the nearest end since a device value cannot be checked without a sync).
+            Default: all ``N`` rows.
+        out_index: optional int32 ``[capacity]`` buffer, ``capacity >= N`` (``>= n_rows``
+            when ``n_rows`` is an int) so no salient row can be dropped.
+        out_count: optional int32 ``[1]`` buffer.
+        out_similarity: optional fp32 ``[N]`` buffer.
+        check: validate the arguments (default). False skips every check, for a caller that
+            builds them itself and calls in a hot loop (DyLLM's sparse layers): wrong arguments
+            are then undefined behaviour.
+
+    Returns:
+        ``(index, count, similarity)``: ``index`` int32 ``[capacity]`` (``capacity = N``
+        unless ``out_index`` is given) holding the salient row ids in ascending order in
+        slots ``[0, count)`` and ``INDEX_PAD`` (-1) after them; ``count`` int32 ``[1]`` on
+        the device; ``similarity`` fp32 ``[N]``.
+
+    Edges: similarity is computed in fp32 over the whole row, clamped to ``[-1, 1]``. Both
+    rows zero -> 1 (unchanged, not salient unless ``tau > 1``); exactly one zero -> 0
+    (salient for ``tau > 0``). A NaN/inf element in either row (or a squared norm that
+    overflows fp32) gives similarity NaN and the row is salient whatever ``tau``:
+    recomputing is always safe.
+    ``N = 0`` -> ``count = 0`` and the index all padding. The result is deterministic
+    (bitwise repeatable) on every backend. No host synchronisation: CUDA-graph capturable
+    (the first CUDA call per row width autotunes the similarity kernel: warm up before a
+    capture).
+    """
+    if check:
+        _check_arguments(ctx, ctx_cache, tau, n_rows, out_index, out_count, out_similarity)
+    N = ctx.shape[0]
     device = ctx.device
     index = out_index if out_index is not None else torch.empty(N, dtype=torch.int32, device=device)
     count = out_count if out_count is not None else torch.empty(1, dtype=torch.int32, device=device)

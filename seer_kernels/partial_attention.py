@@ -653,89 +653,10 @@ def _check_cu(name: str, cu: object, total: int, max_len: int, batch: int | None
     return cu
 
 
-def partial_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    ctx_cache: torch.Tensor,
-    delta_v: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    salient_q_mask: torch.Tensor,
-    salient_k_index: torch.Tensor,
-    salient_k_count: int | torch.Tensor,
-    *,
-    softmax_scale: float | None = None,
-    k_old: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """DyLLM attention context for a packed varlen batch (bidirectional, GQA, prefix keys).
-
-    Args:
-        q: ``[Tq, H, d]`` fp16/bf16/fp32 queries (post-RoPE), sequences back to back.
-        k, v: ``[Tk, Hk, d]``, ``H % Hk == 0``; query head ``h`` reads kv head
-            ``h // (H // Hk)``. ``v`` already holds the new values at the salient key rows.
-            A sequence's keys may outnumber its queries (a cached prompt prefix).
-        ctx_cache: ``[Tq, H, d]`` the previous step's context of these query rows.
-        delta_v: ``[cap, Hk, d]``, row ``p`` is ``V_new - V_old`` at key row
-            ``salient_k_index[p]``.
-        cu_seqlens_q, cu_seqlens_k: int32 ``[B + 1]`` exclusive prefix sums (flash-attention
-            convention).
-        max_seqlen_q, max_seqlen_k: ints, at least every sequence's query / key length (rows
-            past ``max_seqlen_q`` would not be computed; checked on the host path, not on CUDA).
-        salient_q_mask: bool ``[Tq]``; True rows get exact attention.
-        salient_k_index: int32 ``[cap]``: slots ``[0, count)`` hold the packed key rows whose
-            K/V were recomputed this layer, **strictly ascending** (the kernel binary-searches
-            each sequence's range; checked on the host path only, ``_dispatch.host_path``). Slots
-            past the count are never read.
-            Salient keys outside a query's own sequence do not affect it.
-        salient_k_count: int32 ``[1]`` device tensor (or a Python int) with the live slots;
-            device values outside ``[0, cap]`` act as the nearest end.
-        softmax_scale: default ``1 / sqrt(d)``.
-        k_old: optional ``[cap, Hk, d]`` of ``q``'s dtype, row ``p`` the key at key row
-            ``salient_k_index[p]`` before this step's update (``k`` holds the new key there, the
-            old value is ``v - delta_v``); turns on the key correction of the non-salient rows
-            (see Returns). Slots past the count are never read.
-        out: optional ``[Tq, H, d]`` buffer of ``q``'s dtype. It may be ``ctx_cache`` itself:
-            each element is read before it is written by the same program.
-
-    Returns:
-        ``ctx`` ``[Tq, H, d]``: salient rows ``softmax(q K_seq^T * scale) V_seq``; other rows
-        ``ctx_cache + sum_{j in A, j in seq} P_ij * delta_v_j`` with ``P`` the exact softmax over
-        all keys of the sequence. The identity is exact when only ``V`` changed since
-        ``ctx_cache`` was computed.
-
-        With ``k_old``, a non-salient row ``i`` instead gets, with ``e_j = exp(s_ij - m)`` for
-        the new scores (any shift ``m``), ``l = sum_j e_j`` over all keys of the sequence, and
-        for ``j in A`` ``e_old_j = exp(q_i . k_old_j * scale - m)``, ``V_old_j = v_j - delta_v_j``,
-        ``l_old = l - sum_A e_j + sum_A e_old_j``::
-
-            (l_old * ctx_cache_i + sum_A e_j v_j - sum_A e_old_j V_old_j) / l
-
-        i.e. the cache ``P_old V_old`` split into its unchanged-key part and its part on ``A``,
-        that part swapped for the new one, and the row renormalised: exact when ``q_i`` and the
-        non-salient keys are unchanged since ``ctx_cache`` was computed, and the plain update
-        above when ``k_old == k``. A row whose old mass on ``A`` (``sum_A e_old / l_old``)
-        exceeds :data:`KEY_CORRECTION_MAX_OLD_MASS` keeps the plain update (recovering the
-        unchanged part would subtract nearly equal numbers), as does a row whose old score
-        exceeds its max new score by more than ``15 ln 2`` (clamped against overflow; its old
-        mass is over the limit anyway unless the sequence has more than ``2**15`` keys).
-        Salient rows are unaffected.
-
-        Edges: a sequence with no keys gives 0 for salient rows and ``ctx_cache`` for the
-        others; no salient rows and no salient keys returns ``ctx_cache`` (also with
-        ``k_old``); query rows outside every sequence (``>= cu_seqlens_q[-1]``) are left as
-        they are in ``out`` (zero when ``out`` is None).
-
-    Numerics: scores, softmax statistics and accumulators in fp32; the ``P @ V``, ``P @ dV``
-    and (with ``k_old``) ``(e - e_old) @ V_old`` dots take both operands in the input dtype
-    (flash-attention's habit), ``V_old = v - delta_v`` rounded to it too; fp32 inputs use
-    IEEE fp32 dots (never tf32). Under the Triton interpreter bf16 dots run in fp32 (its bf16
-    arithmetic is wrong). Graph-capturable on CUDA (no host sync); the first CUDA call per
-    head dim and dtype autotunes the tile sizes, so warm up before a capture.
-    """
+def _check_arguments(q, k, v, ctx_cache, delta_v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                     salient_q_mask, salient_k_index, salient_k_count, softmax_scale, k_old, out) -> None:
+    """:func:`partial_attention`'s argument checks, each error naming its argument; index values
+    are read on the host path only (``_dispatch.host_path``)."""
     _dispatch.check_tensor("q", q, dtypes=_DTYPES, dim=3)
     _dispatch.check_tensor("k", k, dtypes=(q.dtype,), dim=3)
     _dispatch.check_tensor("v", v, dtypes=(q.dtype,), dim=3)
@@ -810,6 +731,98 @@ def partial_attention(
                 f"got {live.tolist()}"
             )
 
+
+def partial_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    ctx_cache: torch.Tensor,
+    delta_v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    salient_q_mask: torch.Tensor,
+    salient_k_index: torch.Tensor,
+    salient_k_count: int | torch.Tensor,
+    *,
+    softmax_scale: float | None = None,
+    k_old: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    check: bool = True,
+) -> torch.Tensor:
+    """DyLLM attention context for a packed varlen batch (bidirectional, GQA, prefix keys).
+
+    Args:
+        q: ``[Tq, H, d]`` fp16/bf16/fp32 queries (post-RoPE), sequences back to back.
+        k, v: ``[Tk, Hk, d]``, ``H % Hk == 0``; query head ``h`` reads kv head
+            ``h // (H // Hk)``. ``v`` already holds the new values at the salient key rows.
+            A sequence's keys may outnumber its queries (a cached prompt prefix).
+        ctx_cache: ``[Tq, H, d]`` the previous step's context of these query rows.
+        delta_v: ``[cap, Hk, d]``, row ``p`` is ``V_new - V_old`` at key row
+            ``salient_k_index[p]``.
+        cu_seqlens_q, cu_seqlens_k: int32 ``[B + 1]`` exclusive prefix sums (flash-attention
+            convention).
+        max_seqlen_q, max_seqlen_k: ints, at least every sequence's query / key length (rows
+            past ``max_seqlen_q`` would not be computed; checked on the host path, not on CUDA).
+        salient_q_mask: bool ``[Tq]``; True rows get exact attention.
+        salient_k_index: int32 ``[cap]``: slots ``[0, count)`` hold the packed key rows whose
+            K/V were recomputed this layer, **strictly ascending** (the kernel binary-searches
+            each sequence's range; checked on the host path only, ``_dispatch.host_path``). Slots
+            past the count are never read.
+            Salient keys outside a query's own sequence do not affect it.
+        salient_k_count: int32 ``[1]`` device tensor (or a Python int) with the live slots;
+            device values outside ``[0, cap]`` act as the nearest end.
+        softmax_scale: default ``1 / sqrt(d)``.
+        k_old: optional ``[cap, Hk, d]`` of ``q``'s dtype, row ``p`` the key at key row
+            ``salient_k_index[p]`` before this step's update (``k`` holds the new key there, the
+            old value is ``v - delta_v``); turns on the key correction of the non-salient rows
+            (see Returns). Slots past the count are never read.
+        out: optional ``[Tq, H, d]`` buffer of ``q``'s dtype. It may be ``ctx_cache`` itself:
+            each element is read before it is written by the same program.
+        check: validate the arguments (default). False skips every check, for a caller that
+            builds them itself and calls in a hot loop (DyLLM's sparse layers): wrong arguments
+            are then undefined behaviour.
+
+    Returns:
+        ``ctx`` ``[Tq, H, d]``: salient rows ``softmax(q K_seq^T * scale) V_seq``; other rows
+        ``ctx_cache + sum_{j in A, j in seq} P_ij * delta_v_j`` with ``P`` the exact softmax over
+        all keys of the sequence. The identity is exact when only ``V`` changed since
+        ``ctx_cache`` was computed.
+
+        With ``k_old``, a non-salient row ``i`` instead gets, with ``e_j = exp(s_ij - m)`` for
+        the new scores (any shift ``m``), ``l = sum_j e_j`` over all keys of the sequence, and
+        for ``j in A`` ``e_old_j = exp(q_i . k_old_j * scale - m)``, ``V_old_j = v_j - delta_v_j``,
+        ``l_old = l - sum_A e_j + sum_A e_old_j``::
+
+            (l_old * ctx_cache_i + sum_A e_j v_j - sum_A e_old_j V_old_j) / l
+
+        i.e. the cache ``P_old V_old`` split into its unchanged-key part and its part on ``A``,
+        that part swapped for the new one, and the row renormalised: exact when ``q_i`` and the
+        non-salient keys are unchanged since ``ctx_cache`` was computed, and the plain update
+        above when ``k_old == k``. A row whose old mass on ``A`` (``sum_A e_old / l_old``)
+        exceeds :data:`KEY_CORRECTION_MAX_OLD_MASS` keeps the plain update (recovering the
+        unchanged part would subtract nearly equal numbers), as does a row whose old score
+        exceeds its max new score by more than ``15 ln 2`` (clamped against overflow; its old
+        mass is over the limit anyway unless the sequence has more than ``2**15`` keys).
+        Salient rows are unaffected.
+
+        Edges: a sequence with no keys gives 0 for salient rows and ``ctx_cache`` for the
+        others; no salient rows and no salient keys returns ``ctx_cache`` (also with
+        ``k_old``); query rows outside every sequence (``>= cu_seqlens_q[-1]``) are left as
+        they are in ``out`` (zero when ``out`` is None).
+
+    Numerics: scores, softmax statistics and accumulators in fp32; the ``P @ V``, ``P @ dV``
+    and (with ``k_old``) ``(e - e_old) @ V_old`` dots take both operands in the input dtype
+    (flash-attention's habit), ``V_old = v - delta_v`` rounded to it too; fp32 inputs use
+    IEEE fp32 dots (never tf32). Under the Triton interpreter bf16 dots run in fp32 (its bf16
+    arithmetic is wrong). Graph-capturable on CUDA (no host sync); the first CUDA call per
+    head dim and dtype autotunes the tile sizes, so warm up before a capture.
+    """
+    if check:
+        _check_arguments(q, k, v, ctx_cache, delta_v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                         salient_q_mask, salient_k_index, salient_k_count, softmax_scale, k_old, out)
+    d = q.shape[2]
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
     if out is None:
         out = torch.zeros_like(q)

@@ -635,7 +635,7 @@ class SparseLayer:
             key_rows = maps.query_key_rows.index_select(0, gate)
             cached = self._context_before.view(num_q, heads, d)
             ctx = partial_attention(q, keys, values, cached, dv, maps.cu_q, maps.cu_k, maps.max_q, maps.max_k,
-                                    self._gate_mask, key_rows, count, k_old=k_old)
+                                    self._gate_mask, key_rows, count, k_old=k_old, check=False)
         else:
             ctx = varlen_attention(q, keys, values, maps.cu_q, maps.cu_k, maps.max_q, maps.max_k)
         return ctx
@@ -643,7 +643,7 @@ class SparseLayer:
     def ffn_index(self, ctx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         policy, plan, i = self.policy, self.plan, self.layer
         maps = plan.maps
-        index, count, similarity = cosine_saliency(ctx, self._context_before, policy.tau)
+        index, count, similarity = cosine_saliency(ctx, self._context_before, policy.tau, check=False)
         self._salient = (index.clamp(min=0), count)  # int32; slots past the count: row 0, never live
         self._salient_mask = ~(similarity >= policy.tau)  # the rows the index names (NaN: salient)
         contexts = policy.flat("contexts", i)

@@ -287,6 +287,17 @@ def test_property_matches_reference(n, d, tau, seed, n_rows):
     torch.testing.assert_close(sim, r_sim, rtol=0, atol=2e-6)
 
 
+@pytest.mark.parametrize("n_rows", [None, 5])
+def test_unchecked_call_gives_the_checked_result(n_rows):
+    """``check=False`` (DyLLM's sparse layers, which build the arguments) skips the checks only."""
+    ctx, cache = _pair((2 * BM + 3, BD + 7), torch.float32, seed=22)
+    count = None if n_rows is None else torch.tensor([n_rows], dtype=torch.int32)
+    checked = cosine_saliency(ctx, cache, 0.9, n_rows=count)
+    unchecked = cosine_saliency(ctx, cache, 0.9, n_rows=count, check=False)
+    for a, b in zip(checked, unchecked, strict=True):
+        assert torch.equal(a, b)
+
+
 def _bad(**over):
     ctx = torch.randn(4, 8)
     kwargs = dict(ctx=ctx, ctx_cache=ctx.clone(), tau=0.9)

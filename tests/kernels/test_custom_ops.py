@@ -6,6 +6,7 @@ an op (the CUDA path, run on CPU tensors with the references standing in for the
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import math
 
@@ -128,6 +129,72 @@ def test_every_public_op_is_registered_and_dispatched():
         with kernel_backend("reference"), SeerOps() as seen:
             fn(*args, **kwargs)
         assert seen.ops == [name], (name, seen.ops)
+
+
+def _refuse_dispatch(monkeypatch, name: str) -> None:
+    def through_dispatcher(*args, **kwargs):
+        raise AssertionError(f"{name} went through the dispatcher")
+
+    monkeypatch.setattr(sk._dispatch.registered_op(name), "overload", through_dispatcher)
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_plain_eager_inference_skips_the_dispatcher_with_the_same_result(name, monkeypatch):
+    """Grad off and nothing watching: the public op calls the implementation itself (the
+    dispatcher's round trip is most of its host cost), and gets what the dispatcher's call gets."""
+    fn, args, kwargs = _calls()[name]
+    with kernel_backend("reference"):
+        dispatched = fn(*_clone(args), **_clone(kwargs))  # grad on: through torch.ops.seer
+    _refuse_dispatch(monkeypatch, name)
+    with kernel_backend("reference"), torch.no_grad():
+        direct = fn(*_clone(args), **_clone(kwargs))
+    _assert_same(dispatched, direct, name)
+
+
+@pytest.mark.parametrize("watcher", ["autograd", "dispatch mode", "function mode", "fake tensors",
+                                     "inference mode + dispatch mode"])
+def test_anything_watching_gets_the_registered_op(watcher, monkeypatch):
+    """Autograd on, a TorchDispatchMode (FakeTensor, a graph recorder, the sync audit), a
+    TorchFunctionMode: the call goes through ``torch.ops.seer.<op>``, as torch.compile's does."""
+    fn, args, kwargs = _calls()["gather_rows"]
+    op = sk._dispatch.registered_op("gather_rows")
+    overload, calls = op.overload, []
+
+    def counted(*a, **k):
+        calls.append(1)
+        return overload(*a, **k)
+
+    monkeypatch.setattr(op, "overload", counted)
+    grad = {"autograd": torch.enable_grad(), "inference mode + dispatch mode": torch.inference_mode()}.get(
+        watcher, torch.no_grad())
+    class PassThrough(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    mode = {"dispatch mode": SeerOps(), "inference mode + dispatch mode": SeerOps(), "function mode":
+            PassThrough(), "fake tensors": FakeTensorMode()}.get(watcher, contextlib.nullcontext())
+    with kernel_backend("reference"), emulate_device(), grad, mode:  # the device path: fakes have no values
+        if watcher == "fake tensors":
+            args = tree_map(lambda t: mode.from_tensor(t) if isinstance(t, torch.Tensor) else t, args)
+        fn(*args, **kwargs)
+    assert calls == [1], watcher
+
+
+def test_the_direct_call_runs_inside_the_kernel_scope(monkeypatch):
+    """``in_kernel()`` is True while the implementation runs, whichever way it was called."""
+    module = importlib.import_module("seer_kernels.row_gather_scatter")
+    reference, inside = module.gather_rows_reference, []
+
+    def recording(*args, **kwargs):
+        inside.append(in_kernel())
+        return reference(*args, **kwargs)
+
+    monkeypatch.setattr(module, "gather_rows_reference", recording)
+    fn, args, kwargs = _calls()["gather_rows"]
+    _refuse_dispatch(monkeypatch, "gather_rows")
+    with kernel_backend("reference"), torch.no_grad():
+        fn(*args, **kwargs)
+    assert inside == [True] and not in_kernel()
 
 
 # --------------------------------------------------------------------- (a) the ops themselves

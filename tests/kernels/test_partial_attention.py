@@ -324,6 +324,15 @@ def test_bitwise_repeatable():
         assert torch.equal(partial_attention(**args).view(torch.int16), first.view(torch.int16))
 
 
+@pytest.mark.parametrize("k_old", [False, True])
+def test_unchecked_call_gives_the_checked_result(k_old):
+    """``check=False`` (DyLLM's sparse layers, which build the arguments) skips the checks only."""
+    args = _inputs(CASES[4], torch.float32, seed=21)
+    if k_old:
+        args = _with_k_old(args, seed=21)
+    assert torch.equal(partial_attention(**args, check=False), partial_attention(**args))
+
+
 def test_reference_backend_is_the_reference():
     args = _inputs(CASES[3], torch.float32, seed=13)
     with kernel_backend("reference"):
