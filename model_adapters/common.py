@@ -166,7 +166,8 @@ def block_forward(
         attn_norm, ffn_norm = block.row_norms()
         x_n = attn_norm.rows(hidden)
         index, count = rows.kv_index, rows.kv_count
-        k, v = block.project_kv(seer_kernels.gather_rows(x_n, index, count, check=False), count=count)
+        # the K/V rows normed by index (the rows of x_n, without a gather and its buffer)
+        k, v = block.project_kv(attn_norm.rows(hidden, index, count), count=count)
         k = seer_kernels.rotary_embedding(k, cos, sin, full_precision=rope_full_precision, index=index, count=count,
                                           check=False)
         q = seer_kernels.rotary_embedding(block.project_q(x_n), cos, sin, full_precision=rope_full_precision,

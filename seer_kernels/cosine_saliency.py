@@ -146,6 +146,7 @@ def _cosine_saliency_triton(
     index: torch.Tensor,
     count: torch.Tensor,
     similarity: torch.Tensor,
+    index_pad: int,
 ) -> None:
     N, D = a.shape
     has_ptr = isinstance(n_rows, torch.Tensor)
@@ -178,7 +179,7 @@ def _cosine_saliency_triton(
         index.shape[0],
         float(tau),
         HAS_N_ROWS_PTR=has_ptr,
-        PAD=INDEX_PAD,
+        PAD=index_pad,
         BLOCK=block,
         num_warps=4,
     )
@@ -191,11 +192,12 @@ def cosine_saliency_reference(
     *,
     n_rows: int | torch.Tensor | None = None,
     capacity: int | None = None,
+    index_pad: int = INDEX_PAD,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Torch reference of :func:`cosine_saliency` (same semantics; no host sync, graph-safe).
 
     Returns freshly allocated ``(index int32 [capacity], count int32 [1], similarity fp32 [N])``;
-    ``capacity`` defaults to ``N``.
+    ``capacity`` defaults to ``N``; slots past the count hold ``index_pad``.
     """
     N = ctx.shape[0]
     D = math.prod(ctx.shape[1:])
@@ -224,18 +226,18 @@ def cosine_saliency_reference(
     pos = torch.cumsum(flag.to(torch.int64), dim=0) - 1
     # non-salient rows land in a dummy slot past the end, dropped afterwards
     target = torch.where(flag, pos, torch.full_like(pos, capacity))
-    index = torch.full((capacity + 1,), INDEX_PAD, dtype=torch.int32, device=a.device)
+    index = torch.full((capacity + 1,), index_pad, dtype=torch.int32, device=a.device)
     index.scatter_(0, target, rows.to(torch.int32))
     index = index[:capacity].clone()
     count = flag.sum(dtype=torch.int32).reshape(1)
     return index, count, sim
 
 
-def _cosine_saliency_impl(ctx, ctx_cache, tau, n_rows, n_rows_int, index, count, similarity) -> None:
+def _cosine_saliency_impl(ctx, ctx_cache, tau, n_rows, n_rows_int, index_pad, index, count, similarity) -> None:
     live = n_rows if n_rows is not None else n_rows_int
     if not _dispatch.use_triton(ctx):
         ref_index, ref_count, ref_sim = cosine_saliency_reference(
-            ctx, ctx_cache, tau, n_rows=live, capacity=index.shape[0]
+            ctx, ctx_cache, tau, n_rows=live, capacity=index.shape[0], index_pad=index_pad
         )
         index.copy_(ref_index)
         count.copy_(ref_count.reshape(count.shape))
@@ -243,12 +245,14 @@ def _cosine_saliency_impl(ctx, ctx_cache, tau, n_rows, n_rows_int, index, count,
         return
     N = ctx.shape[0]
     D = math.prod(ctx.shape[1:])
-    _cosine_saliency_triton(ctx.reshape(N, D), ctx_cache.reshape(N, D), tau, live, index, count, similarity)
+    _cosine_saliency_triton(ctx.reshape(N, D), ctx_cache.reshape(N, D), tau, live, index, count, similarity,
+                            index_pad)
 
 
 # the registered op (seer_kernels._dispatch): validated arguments, the buffers allocated by the caller
 _cosine_saliency_op = _dispatch.define_op(
-    "cosine_saliency(Tensor ctx, Tensor ctx_cache, float tau, Tensor? n_rows, int n_rows_int, Tensor(a!) index, "
+    "cosine_saliency(Tensor ctx, Tensor ctx_cache, float tau, Tensor? n_rows, int n_rows_int, int index_pad, "
+    "Tensor(a!) index, "
     "Tensor(b!) count, Tensor(c!) similarity) -> ()",
     _cosine_saliency_impl,
     lambda *args: None,
@@ -262,7 +266,7 @@ def _check_ctx(name: str, t: object) -> torch.Tensor:
     return t
 
 
-def _check_arguments(ctx, ctx_cache, tau, n_rows, out_index, out_count, out_similarity) -> None:
+def _check_arguments(ctx, ctx_cache, tau, n_rows, out_index, out_count, out_similarity, index_pad) -> None:
     """:func:`cosine_saliency`'s argument checks, each error naming its argument."""
     _check_ctx("ctx", ctx)
     _check_ctx("ctx_cache", ctx_cache)
@@ -276,6 +280,10 @@ def _check_arguments(ctx, ctx_cache, tau, n_rows, out_index, out_count, out_simi
         raise TypeError(f"tau must be a real number, got {type(tau).__name__}")
     if math.isnan(tau):
         raise ValueError("tau must not be NaN")
+    if isinstance(index_pad, bool) or not isinstance(index_pad, int):
+        raise TypeError(f"index_pad must be an int, got {type(index_pad).__name__}")
+    if not -(2**31) <= index_pad < 2**31:
+        raise ValueError(f"index_pad must fit in int32, got {index_pad}")
     N = ctx.shape[0]
     max_rows = N
     if n_rows is not None:
@@ -317,6 +325,7 @@ def cosine_saliency(
     out_index: torch.Tensor | None = None,
     out_count: torch.Tensor | None = None,
     out_similarity: torch.Tensor | None = None,
+    index_pad: int = INDEX_PAD,
     check: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """DyLLM salient rows: ``cos(ctx[i], ctx_cache[i]) < tau``, compacted ascending.
@@ -337,6 +346,9 @@ def cosine_saliency(
             when ``n_rows`` is an int) so no salient row can be dropped.
         out_count: optional int32 ``[1]`` buffer.
         out_similarity: optional fp32 ``[N]`` buffer.
+        index_pad: the value written into the index slots at or past the count (an int32;
+            default ``INDEX_PAD``, -1). A caller that feeds the index to ``index_select`` as a
+            fixed-capacity row set passes a valid row (0) so that no slot is out of range.
         check: validate the arguments (default). False skips every check, for a caller that
             builds them itself and calls in a hot loop (DyLLM's sparse layers): wrong arguments
             are then undefined behaviour.
@@ -344,7 +356,7 @@ def cosine_saliency(
     Returns:
         ``(index, count, similarity)``: ``index`` int32 ``[capacity]`` (``capacity = N``
         unless ``out_index`` is given) holding the salient row ids in ascending order in
-        slots ``[0, count)`` and ``INDEX_PAD`` (-1) after them; ``count`` int32 ``[1]`` on
+        slots ``[0, count)`` and ``index_pad`` after them; ``count`` int32 ``[1]`` on
         the device; ``similarity`` fp32 ``[N]``.
 
     Edges: similarity is computed in fp32 over the whole row, clamped to ``[-1, 1]``. Both
@@ -358,12 +370,12 @@ def cosine_saliency(
     capture).
     """
     if check:
-        _check_arguments(ctx, ctx_cache, tau, n_rows, out_index, out_count, out_similarity)
+        _check_arguments(ctx, ctx_cache, tau, n_rows, out_index, out_count, out_similarity, index_pad)
     N = ctx.shape[0]
     device = ctx.device
     index = out_index if out_index is not None else torch.empty(N, dtype=torch.int32, device=device)
     count = out_count if out_count is not None else torch.empty(1, dtype=torch.int32, device=device)
     sim = out_similarity if out_similarity is not None else torch.empty(N, dtype=torch.float32, device=device)
     n_rows_tensor, n_rows_int = _dispatch.split_count(N if n_rows is None else n_rows)
-    _cosine_saliency_op(ctx, ctx_cache, float(tau), n_rows_tensor, n_rows_int, index, count, sim)
+    _cosine_saliency_op(ctx, ctx_cache, float(tau), n_rows_tensor, n_rows_int, int(index_pad), index, count, sim)
     return index, count, sim

@@ -154,8 +154,14 @@ class SparseMaps:
     slots: torch.Tensor  # arange(num_queries): the fixed-capacity row sets' slot numbers
     layer_stats: torch.Tensor  # float64 [layers, 5]: a forward's gating, salient, union, exact rows, MACs
     macs_weights: tuple[float, torch.Tensor, float, float]  # DyLLMPolicy.macs_weights of this layout
+    # per layer, the buffers cosine_saliency writes: index int32 [num_queries], count int32 [1],
+    # similarity fp32 [num_queries] (views of one [layers, ...] tensor each, made once per layout)
+    saliency: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
     query_range: tuple[int, int] | None = None
     key_range: tuple[int, int] | None = None
+    # the partial-attention context [num_queries, heads, head_dim], written by every sparse layer
+    # in turn (each layer's context is used up before the next layer writes it); made on first use
+    attention_out: torch.Tensor | None = None
 
 
 @dataclass
@@ -433,6 +439,9 @@ class DyLLMPolicy(DecodePolicy):
             prefix_key_row=kp_row, prefix_key_pos=kp_pos, prefix_key_dst=kp_dst,
             positions=positions, rope=run.model.rope(positions), slots=torch.arange(tq, device=dev),
             layer_stats=torch.zeros(run.num_layers, 5, dtype=torch.float64, device=dev),
+            saliency=list(zip(torch.empty(run.num_layers, tq, dtype=torch.int32, device=dev).unbind(0),
+                              torch.empty(run.num_layers, 1, dtype=torch.int32, device=dev).unbind(0),
+                              torch.empty(run.num_layers, tq, dtype=torch.float32, device=dev).unbind(0))),
             macs_weights=self.macs_weights(fed_per_request, keys_per_request, up),
             query_range=query_range, key_range=key_range)
 
@@ -634,8 +643,11 @@ class SparseLayer:
         if policy.config.approx_attention:  # the gating rows' queries get exact attention
             key_rows = maps.query_key_rows.index_select(0, gate)
             cached = self._context_before.view(num_q, heads, d)
+            if maps.attention_out is None:
+                maps.attention_out = torch.zeros_like(q)
             ctx = partial_attention(q, keys, values, cached, dv, maps.cu_q, maps.cu_k, maps.max_q, maps.max_k,
-                                    self._gate_mask, key_rows, count, k_old=k_old, check=False)
+                                    self._gate_mask, key_rows, count, k_old=k_old, out=maps.attention_out,
+                                    check=False)
         else:
             ctx = varlen_attention(q, keys, values, maps.cu_q, maps.cu_k, maps.max_q, maps.max_k)
         return ctx
@@ -643,8 +655,11 @@ class SparseLayer:
     def ffn_index(self, ctx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         policy, plan, i = self.policy, self.plan, self.layer
         maps = plan.maps
-        index, count, similarity = cosine_saliency(ctx, self._context_before, policy.tau, check=False)
-        self._salient = (index.clamp(min=0), count)  # int32; slots past the count: row 0, never live
+        index, count, similarity = maps.saliency[i]  # this layer's buffers: no allocation per step
+        # slots past the count hold row 0 (never live): the row set is a valid index_select index
+        cosine_saliency(ctx, self._context_before, policy.tau, out_index=index, out_count=count,
+                        out_similarity=similarity, index_pad=0, check=False)
+        self._salient = (index, count)
         self._salient_mask = ~(similarity >= policy.tau)  # the rows the index names (NaN: salient)
         contexts = policy.flat("contexts", i)
         if maps.query_range is not None:

@@ -550,6 +550,8 @@ class DecodeRun:
                     p.after_layer(self, fwd, i, taps)
                 if self.finite is not None:
                     self.finite.layer(i, fwd.hidden)
+            if self.finite is not None:
+                self.finite.end_layers()
 
     def narrow_forward(self, fwd: Forward, after_layer: int) -> None:
         """Re-lay a padded forward to its rows' current (shorter) windows after ``after_layer``

@@ -4,10 +4,12 @@ A NaN or inf in a hidden state (an fp16 overflow, a bad weight) would otherwise 
 silently wrong answer: argmax over NaN logits picks token 0. The check keeps everything on the
 device, so no step waits for the host:
 
-* after every layer of every forward, the sum of the layer's output is added into that layer's
-  slot of a float32 buffer ``[num_layers + 1]`` (the last slot: the logits); a NaN or inf
-  anywhere makes the slot's running sum non-finite for good (one reduction and one add per
-  layer, inside captured graphs too: the buffer's address never changes);
+* after every layer of every forward, the sum of the layer's output is written into that
+  layer's slot of a float32 buffer ``[num_layers]`` (one reduction per layer), and after the
+  layer loop the forward's sums are added into the running sums ``[num_layers + 1]`` (one add
+  per forward; the last slot: the logits, added per forward); a NaN or inf anywhere makes the
+  slot's running sum non-finite for good (inside captured graphs too: the buffers' addresses
+  never change);
 * after every step (outside any graph), the running sums are copied into that step's row of a
   history buffer (one copy: a non-finite sum stays non-finite, so the first bad row is the
   first bad step and its non-finite slots say where);
@@ -42,13 +44,20 @@ class FiniteCheck:
         self.num_layers = num_layers
         self.sums = torch.zeros(num_layers + 1, dtype=torch.float32, device=device)
         self._slots = self.sums.unbind(0)  # one view per slot, made once (fixed addresses)
+        self._layer_sums = torch.zeros(num_layers, dtype=torch.float32, device=device)  # this forward's
+        self._layer_slots = self._layer_sums.unbind(0)
+        self._running_layers = self.sums[:num_layers]
         self.history = torch.empty(capacity, num_layers + 1, dtype=torch.float32, device=device)
         self._history_rows = self.history.unbind(0)  # one view per row, made once per allocation
         self.steps: list[int] = []  # the step number of each history row
 
     def layer(self, layer: int, hidden: torch.Tensor) -> None:
-        """Layer ``layer``'s output (any shape) joins its slot."""
-        self._slots[layer].add_(hidden.sum(dtype=torch.float32))
+        """Layer ``layer``'s output (any shape): its sum, into this forward's slot."""
+        torch.sum(hidden, dim=None, dtype=torch.float32, out=self._layer_slots[layer])
+
+    def end_layers(self) -> None:
+        """After a forward's layer loop (every layer written): its sums join the running sums."""
+        self._running_layers.add_(self._layer_sums)
 
     def logits(self, logits: torch.Tensor) -> None:
         self._slots[self.num_layers].add_(logits.sum(dtype=torch.float32))

@@ -287,6 +287,22 @@ def test_property_matches_reference(n, d, tau, seed, n_rows):
     torch.testing.assert_close(sim, r_sim, rtol=0, atol=2e-6)
 
 
+@pytest.mark.parametrize("backend", ["auto", "reference"])
+@pytest.mark.parametrize("index_pad", [0, 7, -(2**31)])
+def test_index_pad_fills_the_slots_past_the_count(backend, index_pad):
+    """The slots at or past the count hold ``index_pad`` (stale buffer contents overwritten); the
+    live slots, count and similarity are the default call's."""
+    ctx, cache = _pair((2 * BM + 3, BD + 7), torch.float32, seed=23)
+    cache[::3] = ctx[::3]  # a third of the rows unchanged: not salient
+    with kernel_backend(backend):
+        index, count, sim = cosine_saliency(ctx, cache, 0.9)
+        out_index = torch.full((ctx.shape[0] + 4,), 99, dtype=torch.int32)
+        padded, padded_count, padded_sim = cosine_saliency(ctx, cache, 0.9, out_index=out_index, index_pad=index_pad)
+    n = int(count)
+    assert 0 < n < ctx.shape[0] and torch.equal(padded_count, count) and torch.equal(padded_sim, sim)
+    assert torch.equal(padded[:n], index[:n]) and padded[n:].tolist() == [index_pad] * (padded.shape[0] - n)
+
+
 @pytest.mark.parametrize("n_rows", [None, 5])
 def test_unchecked_call_gives_the_checked_result(n_rows):
     """``check=False`` (DyLLM's sparse layers, which build the arguments) skips the checks only."""
@@ -318,6 +334,7 @@ def _bad(**over):
         (dict(tau=float("nan")), ValueError, "tau"),
         (dict(tau="0.9"), TypeError, "tau"),
         (dict(tau=True), TypeError, "tau"),
+        (dict(index_pad=False), TypeError, "index_pad"),
         (dict(n_rows=5), ValueError, "n_rows"),
         (dict(n_rows=-1), ValueError, "n_rows"),
         (dict(n_rows=2.0), TypeError, "n_rows"),

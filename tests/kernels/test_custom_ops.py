@@ -222,7 +222,7 @@ def _op_args(name: str, args: tuple, kwargs: dict) -> tuple[tuple, list[torch.Te
         ctx, cache, tau = args
         bufs = [torch.empty(ctx.shape[0], dtype=torch.int32), torch.empty(1, dtype=torch.int32),
                 torch.empty(ctx.shape[0])]  # fmt: skip
-        return (ctx, cache, tau, kwargs["n_rows"], 0, *bufs), bufs
+        return (ctx, cache, tau, kwargs["n_rows"], 0, -1, *bufs), bufs
     if name == "partial_attention":
         q = args[0]
         out = torch.zeros_like(q)
