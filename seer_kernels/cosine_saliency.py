@@ -103,12 +103,14 @@ def _compact_salient_kernel(
     sim_ptr,
     index_ptr,
     count_ptr,
+    salient_ptr,
     n_rows_ptr,
     n_rows_val,
     N,
     capacity,
     tau,
     HAS_N_ROWS_PTR: tl.constexpr,
+    HAS_SALIENT: tl.constexpr,
     PAD: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
@@ -129,8 +131,14 @@ def _compact_salient_kernel(
         f = flag.to(tl.int32)
         pos = total + tl.cumsum(f, axis=0) - 1
         tl.store(index_ptr + pos, rows, mask=flag)
+        if HAS_SALIENT:
+            tl.store(salient_ptr + rows, flag, mask=live)
         total += tl.sum(f, axis=0)
     tl.store(count_ptr, total)
+    if HAS_SALIENT:  # the rows past n_rows: never salient
+        for start in range(n_lim, N, BLOCK):
+            rows = start + offs
+            tl.store(salient_ptr + rows, tl.zeros((BLOCK,), tl.int1), mask=rows < N)
     for start in range(0, capacity, BLOCK):
         slots = start + offs
         tl.store(
@@ -147,6 +155,7 @@ def _cosine_saliency_triton(
     count: torch.Tensor,
     similarity: torch.Tensor,
     index_pad: int,
+    salient: torch.Tensor | None,
 ) -> None:
     N, D = a.shape
     has_ptr = isinstance(n_rows, torch.Tensor)
@@ -173,12 +182,14 @@ def _cosine_saliency_triton(
         similarity,
         index,
         count,
+        salient if salient is not None else count,  # dummy pointer, never written without HAS_SALIENT
         n_rows_ptr,
         n_rows_val,
         N,
         index.shape[0],
         float(tau),
         HAS_N_ROWS_PTR=has_ptr,
+        HAS_SALIENT=salient is not None,
         PAD=index_pad,
         BLOCK=block,
         num_warps=4,
@@ -193,17 +204,24 @@ def cosine_saliency_reference(
     n_rows: int | torch.Tensor | None = None,
     capacity: int | None = None,
     index_pad: int = INDEX_PAD,
+    out_index: torch.Tensor | None = None,
+    out_count: torch.Tensor | None = None,
+    out_similarity: torch.Tensor | None = None,
+    out_salient: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Torch reference of :func:`cosine_saliency` (same semantics; no host sync, graph-safe).
 
-    Returns freshly allocated ``(index int32 [capacity], count int32 [1], similarity fp32 [N])``;
-    ``capacity`` defaults to ``N``; slots past the count hold ``index_pad``.
+    Returns ``(index int32 [capacity], count int32 [1], similarity fp32 [N])``, freshly allocated
+    or, with ``out_index``/``out_count``/``out_similarity``, written into those buffers (as the
+    kernel writes the op's; ``capacity`` is then ``out_index``'s), ``capacity`` defaulting to
+    ``N``; slots past the count hold ``index_pad``. ``out_salient`` (bool ``[N]``) receives each
+    row's salient flag (True exactly for the rows ``index[:count]`` names).
     """
     N = ctx.shape[0]
     D = math.prod(ctx.shape[1:])
     a = ctx.reshape(N, D).float()
     b = ctx_cache.reshape(N, D).float()
-    capacity = N if capacity is None else capacity
+    capacity = out_index.shape[0] if out_index is not None else (N if capacity is None else capacity)
     dot = (a * b).sum(dim=1)
     naa = (a * a).sum(dim=1)
     nbb = (b * b).sum(dim=1)
@@ -230,30 +248,33 @@ def cosine_saliency_reference(
     index.scatter_(0, target, rows.to(torch.int32))
     index = index[:capacity].clone()
     count = flag.sum(dtype=torch.int32).reshape(1)
+    if out_salient is not None:
+        out_salient.copy_(flag)
+    if out_index is not None:
+        out_index.copy_(index)
+        out_count.copy_(count.reshape(out_count.shape))
+        out_similarity.copy_(sim)
+        return out_index, out_count, out_similarity
     return index, count, sim
 
 
-def _cosine_saliency_impl(ctx, ctx_cache, tau, n_rows, n_rows_int, index_pad, index, count, similarity) -> None:
+def _cosine_saliency_impl(ctx, ctx_cache, tau, n_rows, n_rows_int, index_pad, index, count, similarity,
+                          salient) -> None:
     live = n_rows if n_rows is not None else n_rows_int
     if not _dispatch.use_triton(ctx):
-        ref_index, ref_count, ref_sim = cosine_saliency_reference(
-            ctx, ctx_cache, tau, n_rows=live, capacity=index.shape[0], index_pad=index_pad
-        )
-        index.copy_(ref_index)
-        count.copy_(ref_count.reshape(count.shape))
-        similarity.copy_(ref_sim)
+        cosine_saliency_reference(ctx, ctx_cache, tau, n_rows=live, index_pad=index_pad, out_index=index,
+                                  out_count=count, out_similarity=similarity, out_salient=salient)
         return
     N = ctx.shape[0]
     D = math.prod(ctx.shape[1:])
     _cosine_saliency_triton(ctx.reshape(N, D), ctx_cache.reshape(N, D), tau, live, index, count, similarity,
-                            index_pad)
+                            index_pad, salient)
 
 
 # the registered op (seer_kernels._dispatch): validated arguments, the buffers allocated by the caller
 _cosine_saliency_op = _dispatch.define_op(
     "cosine_saliency(Tensor ctx, Tensor ctx_cache, float tau, Tensor? n_rows, int n_rows_int, int index_pad, "
-    "Tensor(a!) index, "
-    "Tensor(b!) count, Tensor(c!) similarity) -> ()",
+    "Tensor(a!) index, Tensor(b!) count, Tensor(c!) similarity, Tensor(d!)? salient) -> ()",
     _cosine_saliency_impl,
     lambda *args: None,
 )
@@ -266,7 +287,8 @@ def _check_ctx(name: str, t: object) -> torch.Tensor:
     return t
 
 
-def _check_arguments(ctx, ctx_cache, tau, n_rows, out_index, out_count, out_similarity, index_pad) -> None:
+def _check_arguments(ctx, ctx_cache, tau, n_rows, out_index, out_count, out_similarity, out_salient,
+                     index_pad) -> None:
     """:func:`cosine_saliency`'s argument checks, each error naming its argument."""
     _check_ctx("ctx", ctx)
     _check_ctx("ctx_cache", ctx_cache)
@@ -306,6 +328,10 @@ def _check_arguments(ctx, ctx_cache, tau, n_rows, out_index, out_count, out_simi
             raise ValueError(
                 f"out_similarity must be a contiguous fp32 [{N}], got shape {tuple(out_similarity.shape)}"
             )
+    if out_salient is not None:
+        _dispatch.check_tensor("out_salient", out_salient, dtypes=(torch.bool,), dim=1)
+        if out_salient.shape[0] != N or not out_salient.is_contiguous():
+            raise ValueError(f"out_salient must be a contiguous bool [{N}], got shape {tuple(out_salient.shape)}")
     _dispatch.check_same_device(
         ctx=ctx,
         ctx_cache=ctx_cache,
@@ -313,6 +339,7 @@ def _check_arguments(ctx, ctx_cache, tau, n_rows, out_index, out_count, out_simi
         out_index=out_index,
         out_count=out_count,
         out_similarity=out_similarity,
+        out_salient=out_salient,
     )
 
 
@@ -325,6 +352,7 @@ def cosine_saliency(
     out_index: torch.Tensor | None = None,
     out_count: torch.Tensor | None = None,
     out_similarity: torch.Tensor | None = None,
+    out_salient: torch.Tensor | None = None,
     index_pad: int = INDEX_PAD,
     check: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -346,6 +374,9 @@ def cosine_saliency(
             when ``n_rows`` is an int) so no salient row can be dropped.
         out_count: optional int32 ``[1]`` buffer.
         out_similarity: optional fp32 ``[N]`` buffer.
+        out_salient: optional bool ``[N]`` buffer (contiguous), written with each row's salient
+            flag: True exactly for the rows ``index[:count]`` names (so never for rows at or past
+            ``n_rows``), in the same launch; not returned.
         index_pad: the value written into the index slots at or past the count (an int32;
             default ``INDEX_PAD``, -1). A caller that feeds the index to ``index_select`` as a
             fixed-capacity row set passes a valid row (0) so that no slot is out of range.
@@ -370,12 +401,13 @@ def cosine_saliency(
     capture).
     """
     if check:
-        _check_arguments(ctx, ctx_cache, tau, n_rows, out_index, out_count, out_similarity, index_pad)
+        _check_arguments(ctx, ctx_cache, tau, n_rows, out_index, out_count, out_similarity, out_salient, index_pad)
     N = ctx.shape[0]
     device = ctx.device
     index = out_index if out_index is not None else torch.empty(N, dtype=torch.int32, device=device)
     count = out_count if out_count is not None else torch.empty(1, dtype=torch.int32, device=device)
     sim = out_similarity if out_similarity is not None else torch.empty(N, dtype=torch.float32, device=device)
     n_rows_tensor, n_rows_int = _dispatch.split_count(N if n_rows is None else n_rows)
-    _cosine_saliency_op(ctx, ctx_cache, float(tau), n_rows_tensor, n_rows_int, int(index_pad), index, count, sim)
+    _cosine_saliency_op(ctx, ctx_cache, float(tau), n_rows_tensor, n_rows_int, int(index_pad), index, count, sim,
+                        out_salient)
     return index, count, sim

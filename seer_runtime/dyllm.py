@@ -155,8 +155,9 @@ class SparseMaps:
     layer_stats: torch.Tensor  # float64 [layers, 5]: a forward's gating, salient, union, exact rows, MACs
     macs_weights: tuple[float, torch.Tensor, float, float]  # DyLLMPolicy.macs_weights of this layout
     # per layer, the buffers cosine_saliency writes: index int32 [num_queries], count int32 [1],
-    # similarity fp32 [num_queries] (views of one [layers, ...] tensor each, made once per layout)
-    saliency: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    # similarity fp32 [num_queries], salient flags bool [num_queries] (views of one [layers, ...]
+    # tensor each, made once per layout)
+    saliency: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]
     query_range: tuple[int, int] | None = None
     key_range: tuple[int, int] | None = None
     # the partial-attention context [num_queries, heads, head_dim], written by every sparse layer
@@ -439,9 +440,8 @@ class DyLLMPolicy(DecodePolicy):
             prefix_key_row=kp_row, prefix_key_pos=kp_pos, prefix_key_dst=kp_dst,
             positions=positions, rope=run.model.rope(positions), slots=torch.arange(tq, device=dev),
             layer_stats=torch.zeros(run.num_layers, 5, dtype=torch.float64, device=dev),
-            saliency=list(zip(torch.empty(run.num_layers, tq, dtype=torch.int32, device=dev).unbind(0),
-                              torch.empty(run.num_layers, 1, dtype=torch.int32, device=dev).unbind(0),
-                              torch.empty(run.num_layers, tq, dtype=torch.float32, device=dev).unbind(0))),
+            saliency=list(zip(*(torch.empty(run.num_layers, n, dtype=dtype, device=dev).unbind(0) for n, dtype in
+                                ((tq, torch.int32), (1, torch.int32), (tq, torch.float32), (tq, torch.bool))))),
             macs_weights=self.macs_weights(fed_per_request, keys_per_request, up),
             query_range=query_range, key_range=key_range)
 
@@ -655,12 +655,13 @@ class SparseLayer:
     def ffn_index(self, ctx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         policy, plan, i = self.policy, self.plan, self.layer
         maps = plan.maps
-        index, count, similarity = maps.saliency[i]  # this layer's buffers: no allocation per step
-        # slots past the count hold row 0 (never live): the row set is a valid index_select index
+        index, count, similarity, salient = maps.saliency[i]  # this layer's buffers: no allocation per step
+        # slots past the count hold row 0 (never live): the row set is a valid index_select index;
+        # ``salient`` flags the rows the index names (NaN similarity: salient)
         cosine_saliency(ctx, self._context_before, policy.tau, out_index=index, out_count=count,
-                        out_similarity=similarity, index_pad=0, check=False)
+                        out_similarity=similarity, out_salient=salient, index_pad=0, check=False)
         self._salient = (index, count)
-        self._salient_mask = ~(similarity >= policy.tau)  # the rows the index names (NaN: salient)
+        self._salient_mask = salient
         contexts = policy.flat("contexts", i)
         if maps.query_range is not None:
             _query_rows(maps, contexts).copy_(ctx)

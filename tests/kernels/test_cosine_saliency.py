@@ -303,6 +303,27 @@ def test_index_pad_fills_the_slots_past_the_count(backend, index_pad):
     assert torch.equal(padded[:n], index[:n]) and padded[n:].tolist() == [index_pad] * (padded.shape[0] - n)
 
 
+@pytest.mark.parametrize("backend", ["auto", "reference"])
+@pytest.mark.parametrize("n_rows", [None, 0, 1, BM + 1, "tensor"])
+def test_out_salient_flags_exactly_the_indexed_rows(backend, n_rows):
+    """``out_salient`` (stale contents overwritten) is True for the rows ``index[:count]`` names and
+    nowhere else, rows past ``n_rows`` included; NaN rows are flagged; the other outputs are unchanged."""
+    ctx, cache = _pair((2 * BM + 3, BD + 7), torch.float32, seed=24)
+    cache[::3] = ctx[::3]
+    ctx[1, 2] = float("nan")
+    n_rows = torch.tensor([BM + 4], dtype=torch.int32) if n_rows == "tensor" else n_rows
+    salient = torch.ones(ctx.shape[0], dtype=torch.bool)
+    with kernel_backend(backend):
+        want = cosine_saliency(ctx, cache, 0.9, n_rows=n_rows)
+        got = cosine_saliency(ctx, cache, 0.9, n_rows=n_rows, out_salient=salient)
+    for a, b in zip(want, got, strict=True):
+        assert torch.equal(a.nan_to_num(-7.0), b.nan_to_num(-7.0))
+    index, count, _ = got
+    assert torch.equal(salient.nonzero().flatten(), index[: int(count)].long())
+    if n_rows is None:
+        assert bool(salient[1]) and int(count) > 1
+
+
 @pytest.mark.parametrize("n_rows", [None, 5])
 def test_unchecked_call_gives_the_checked_result(n_rows):
     """``check=False`` (DyLLM's sparse layers, which build the arguments) skips the checks only."""

@@ -21,9 +21,11 @@ def test_bf16_matches_the_reference(N, D):
     ctx, cache = (t.cuda() for t in _pair((N, D), torch.bfloat16, seed=N))
     cache[3] = ctx[3]  # similarity exactly 1: never salient
     ctx[5, 7] = float("nan")  # NaN similarity: salient
-    index, count, sim = cosine_saliency(ctx, cache, tau)
+    salient = torch.ones(N, dtype=torch.bool, device="cuda")
+    index, count, sim = cosine_saliency(ctx, cache, tau, out_salient=salient)
     r_index, r_count, r_sim = cosine_saliency_reference(ctx, cache, tau)
     n = int(count)
+    assert torch.equal(salient.nonzero().flatten(), index[:n].long())  # the flags name the index's rows
     got, want = set(index[:n].tolist()), set(r_index[: int(r_count)].tolist())
     near = set(torch.nonzero((r_sim - tau).abs() < 1e-5).flatten().tolist())
     assert got ^ want <= near, f"flips away from tau: {sorted((got ^ want) - near)[:8]}"

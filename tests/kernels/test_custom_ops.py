@@ -222,7 +222,7 @@ def _op_args(name: str, args: tuple, kwargs: dict) -> tuple[tuple, list[torch.Te
         ctx, cache, tau = args
         bufs = [torch.empty(ctx.shape[0], dtype=torch.int32), torch.empty(1, dtype=torch.int32),
                 torch.empty(ctx.shape[0])]  # fmt: skip
-        return (ctx, cache, tau, kwargs["n_rows"], 0, -1, *bufs), bufs
+        return (ctx, cache, tau, kwargs["n_rows"], 0, -1, *bufs, None), bufs
     if name == "partial_attention":
         q = args[0]
         out = torch.zeros_like(q)
@@ -286,6 +286,15 @@ def test_opcheck(name):
     op_args, _ = _op_args(name, *_clone((args, kwargs)))
     with kernel_backend("reference"):
         torch.library.opcheck(getattr(torch.ops.seer, name).default, op_args)
+
+
+def test_opcheck_cosine_saliency_writing_its_salient_flags():
+    """The optional written buffer (``Tensor(d!)? salient``) passes opcheck too."""
+    _, args, kwargs = _calls()["cosine_saliency"]
+    op_args, _ = _op_args("cosine_saliency", *_clone((args, kwargs)))
+    salient = torch.zeros(args[0].shape[0], dtype=torch.bool)
+    with kernel_backend("reference"):
+        torch.library.opcheck(torch.ops.seer.cosine_saliency.default, (*op_args[:-1], salient))
 
 
 # --------------------------------------------------------- (c) torch.compile of a model layer
