@@ -133,6 +133,7 @@ def _exchange_rows_kernel(
     stride_om,
     stride_od,
     HAS_COUNT_PTR: tl.constexpr,
+    DELTA: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
@@ -147,9 +148,15 @@ def _exchange_rows_kernel(
     m = live[:, None] & c_ok
     at = table_ptr + rows[:, None] * stride_tm + c[None, :] * stride_td
     previous = tl.load(at, mask=m, other=0.0)  # the live rows are unique: no other program touches them
-    new = tl.load(rows_ptr + j[:, None] * stride_rm + c[None, :] * stride_rd, mask=m)
+    new = tl.load(rows_ptr + j[:, None] * stride_rm + c[None, :] * stride_rd, mask=m, other=0.0)
     tl.store(at, new, mask=m)
-    tl.store(out_ptr + j[:, None] * stride_om + c[None, :] * stride_od, previous, mask=(j < capacity)[:, None] & c_ok)
+    result = previous
+    if DELTA:  # new - old, rounded once as torch's subtraction is (fp64 stays fp64)
+        if new.dtype == tl.float64:
+            result = new - previous
+        else:
+            result = (new.to(tl.float32) - previous.to(tl.float32)).to(new.dtype)
+    tl.store(out_ptr + j[:, None] * stride_om + c[None, :] * stride_od, result, mask=(j < capacity)[:, None] & c_ok)
 
 
 def _count_args(count: int | torch.Tensor, index: torch.Tensor) -> tuple[torch.Tensor, int, bool]:
@@ -206,7 +213,7 @@ def _scatter_rows_triton(dst2: torch.Tensor, index: torch.Tensor, count, src2: t
 
 
 def _exchange_rows_triton(table2: torch.Tensor, index: torch.Tensor, count, rows2: torch.Tensor,
-                          out2: torch.Tensor) -> None:
+                          out2: torch.Tensor, delta: bool) -> None:
     capacity, D = rows2.shape
     if capacity == 0 or D == 0:
         return
@@ -228,6 +235,7 @@ def _exchange_rows_triton(table2: torch.Tensor, index: torch.Tensor, count, rows
         out2.stride(0),
         out2.stride(1),
         HAS_COUNT_PTR=has_ptr,
+        DELTA=bool(delta),
     )
 
 
@@ -276,13 +284,17 @@ def scatter_rows_reference(
 
 
 def exchange_rows_reference(
-    table: torch.Tensor, index: torch.Tensor, count: int | torch.Tensor, rows: torch.Tensor
+    table: torch.Tensor, index: torch.Tensor, count: int | torch.Tensor, rows: torch.Tensor, *, delta: bool = False
 ) -> torch.Tensor:
     """Torch reference of :func:`exchange_rows`: :func:`gather_rows_reference`, then
-    :func:`scatter_rows_reference` (which reads a tensor ``count`` on the host: syncs)."""
+    :func:`scatter_rows_reference` (which reads a tensor ``count`` on the host: syncs); with
+    ``delta``, ``rows - previous`` on the live slots (zero past the count)."""
     previous = gather_rows_reference(table, index, count)
     scatter_rows_reference(table, index, count, rows)
-    return previous
+    if not delta:
+        return previous
+    live = _live_mask(count, index.shape[0], index.device).view(-1, *([1] * (rows.dim() - 1)))
+    return torch.where(live, rows - previous, torch.zeros((), dtype=rows.dtype, device=rows.device))
 
 
 def _gather_rows_impl(src, index, count, count_int, zero_tail, out) -> None:
@@ -301,12 +313,13 @@ def _scatter_rows_impl(dst, index, count, count_int, src) -> None:
     _scatter_rows_triton(_rows_2d("dst", dst), index, live, _rows_2d("src", src))
 
 
-def _exchange_rows_impl(table, index, count, count_int, rows) -> torch.Tensor:
+def _exchange_rows_impl(table, index, count, count_int, rows, delta) -> torch.Tensor:
     live = count if count is not None else count_int
     if not _dispatch.use_triton(table):
-        return exchange_rows_reference(table, index, live, rows)
+        return exchange_rows_reference(table, index, live, rows, delta=delta)
     out = torch.empty(rows.shape, dtype=rows.dtype, device=rows.device)
-    _exchange_rows_triton(_rows_2d("table", table), index, live, _rows_2d("rows", rows), _rows_2d("out", out))
+    _exchange_rows_triton(_rows_2d("table", table), index, live, _rows_2d("rows", rows), _rows_2d("out", out),
+                          delta)
     return out
 
 
@@ -317,9 +330,9 @@ _gather_rows_op = _dispatch.define_op(
     lambda src, index, count, count_int, zero_tail, out: None,
 )
 _exchange_rows_op = _dispatch.define_op(
-    "exchange_rows(Tensor(a!) table, Tensor index, Tensor? count, int count_int, Tensor rows) -> Tensor",
+    "exchange_rows(Tensor(a!) table, Tensor index, Tensor? count, int count_int, Tensor rows, bool delta) -> Tensor",
     _exchange_rows_impl,
-    lambda table, index, count, count_int, rows: torch.empty_like(rows, memory_format=torch.contiguous_format),
+    lambda table, index, count, count_int, rows, delta: torch.empty_like(rows, memory_format=torch.contiguous_format),
 )
 _scatter_rows_op = _dispatch.define_op(
     "scatter_rows(Tensor(a!) dst, Tensor index, Tensor? count, int count_int, Tensor src) -> ()",
@@ -462,7 +475,8 @@ def scatter_rows(
 
 
 def exchange_rows(
-    table: torch.Tensor, index: torch.Tensor, count: int | torch.Tensor, rows: torch.Tensor, *, check: bool = True
+    table: torch.Tensor, index: torch.Tensor, count: int | torch.Tensor, rows: torch.Tensor, *, delta: bool = False,
+    check: bool = True,
 ) -> torch.Tensor:
     """In place ``table[index[j]] = rows[j]`` for ``j < count``, returning the rows it overwrote.
 
@@ -476,15 +490,21 @@ def exchange_rows(
             never read.
         count: as in :func:`gather_rows`.
         rows: ``[capacity, *F]`` of ``table``'s dtype; rows ``j >= count`` are ignored.
+        delta: return ``rows[j] - table[index[j]]`` (the change each live row makes, computed in
+            fp32 and rounded once to the dtype as torch's subtraction is; fp64 in fp64) instead of
+            the overwritten rows: DyLLM's ``V_new - V_old`` in the same pass.
         check: validate the arguments (default); False skips every check, as in
             :func:`gather_rows`.
 
     Returns:
         ``[capacity, *F]`` contiguous: row ``j < count`` is ``table[index[j]]`` as it was before
-        the call, rows at or past ``count`` are zero. Rows of ``table`` not named by a live slot
-        are left untouched. Graph-capturable (the first CUDA call per row width autotunes,
-        restoring the table between trials: warm up before a capture).
+        the call (or the change, with ``delta``), rows at or past ``count`` are zero. Rows of
+        ``table`` not named by a live slot are left untouched. Graph-capturable (the first CUDA
+        call per row width autotunes, restoring the table between trials: warm up before a
+        capture).
     """
     if check:
         _check_row_op("table", table, index, count, "rows", rows, unique=True)
-    return _exchange_rows_op(table, index, *_dispatch.split_count(count), rows)
+        if not isinstance(delta, bool):
+            raise TypeError(f"delta must be a bool, got {type(delta).__name__}")
+    return _exchange_rows_op(table, index, *_dispatch.split_count(count), rows, bool(delta))

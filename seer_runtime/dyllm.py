@@ -624,8 +624,9 @@ class SparseLayer:
         gate, count, num_q = plan.gate, plan.gate_count, maps.num_queries
         key_cache, value_cache = policy.flat("keys", i), policy.flat("values", i)
         at = plan.gate_at if plan.gate_at is not None else _cache_rows(maps, gate)
-        # the gating rows' new K/V into the caches, their previous values out (index maps built here: no checks)
-        dv = v - exchange_rows(value_cache, at, count, v, check=False)
+        # the gating rows' new K/V into the caches, the values' change (V_new - V_old) and the previous
+        # keys out (index maps built here: no checks)
+        dv = exchange_rows(value_cache, at, count, v, delta=True, check=False)
         if policy.config.attention_mode == "partial":  # the keys before the update (key-corrected attention)
             k_old = exchange_rows(key_cache, at, count, k, check=False)
         else:

@@ -213,7 +213,7 @@ def _op_args(name: str, args: tuple, kwargs: dict) -> tuple[tuple, list[torch.Te
         return (*args[:3], args[3], 0), []
     if name == "exchange_rows":
         table, index, count, rows = args
-        return (table, index, count, 0, rows), []  # the public function returns the previous rows only
+        return (table, index, count, 0, rows, False), []  # the public function returns the previous rows only
     if name == "rms_norm":
         return (*args, kwargs["index"], kwargs["count"], 0), []
     if name == "rotary_embedding":

@@ -267,6 +267,8 @@ CASES = [
         "rows"),
     Bad("exchange_rows-count-past-capacity", lambda: sk.exchange_rows(rows(), IDX, 5, torch.randn(4, 4)), ValueError,
         "count"),
+    Bad("exchange_rows-delta-int", lambda: sk.exchange_rows(rows(), IDX, 3, torch.randn(4, 4), delta=1), TypeError,
+        "delta"),
     Bad("exchange_rows-device", lambda: sk.exchange_rows(rows(), IDX, 3, meta(torch.randn(4, 4))), ValueError,
         "rows"),
     # partial_attention

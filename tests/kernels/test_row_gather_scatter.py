@@ -116,6 +116,30 @@ def test_exchange_returns_the_overwritten_rows_and_writes_the_new(case, dtype, c
     assert torch.equal(table, expected_table) and torch.equal(ref_table, expected_table)
 
 
+@pytest.mark.parametrize("case", CASES, ids=case_ids)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("count_kind", ["int", "i32"])
+def test_exchange_delta_returns_the_change_of_each_live_row(case, dtype, count_kind):
+    """``delta=True``: ``rows - old`` on the live slots (torch's subtraction, bit for bit), zero
+    past the count; the table is written as without it."""
+    N, D, cap, n = case
+    table = torch.randn(N, D).to(dtype)
+    rows = torch.randn(cap, D).to(dtype)
+    rows[n:] = float("nan")
+    index = _index(N, cap, n, seed=N + 5 * D)
+    count = _count(count_kind, n)
+    expected = torch.zeros(cap, D, dtype=dtype)
+    expected[:n] = rows[:n] - table[index[:n].long()]
+    expected_table = table.clone()
+    expected_table[index[:n].long()] = rows[:n]
+    ref_table = table.clone()
+    ref = exchange_rows_reference(ref_table, index, count, rows, delta=True)
+    change = exchange_rows(table, index, count, rows, delta=True)
+    assert change.shape == (cap, D) and change.is_contiguous()
+    assert torch.equal(change, expected) and torch.equal(ref, expected)
+    assert torch.equal(table, expected_table) and torch.equal(ref_table, expected_table)
+
+
 def test_exchange_multidim_rows_and_device_counts_out_of_range():
     base = torch.randn(9, 2, 3, 4)
     table = base[:, 1]  # [N, H, d] with a row stride of 2*H*d

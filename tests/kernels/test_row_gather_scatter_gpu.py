@@ -37,3 +37,6 @@ def test_bf16_bitwise(N, D):
     table, table_ref = src.clone(), src.clone()
     assert torch.equal(exchange_rows(table, index, count, upd), exchange_rows_reference(table_ref, index, count, upd))
     assert torch.equal(table, table_ref)
+    change = exchange_rows(table, index, count, src, delta=True)  # back to src: the change is src - upd
+    assert torch.equal(change, exchange_rows_reference(table_ref, index, count, src, delta=True))
+    assert torch.equal(table, table_ref)
