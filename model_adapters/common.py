@@ -117,6 +117,17 @@ def linear(module: nn.Linear, x: torch.Tensor, count: int | torch.Tensor | None 
     return seer_kernels.row_linear(x, module.weight, module.bias, count, check=False)  # rows the engine built
 
 
+def linear_pair(module_a: nn.Linear, module_b: nn.Linear, x: torch.Tensor,
+                count: int | torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(module_a(x), module_b(x))``; with ``count``, both of the first ``count`` rows of ``x
+    [capacity, K]`` in one launch (``seer_kernels.row_linear_pair``; K and V, gate and up), the
+    rest zero."""
+    if count is None:
+        return module_a(x), module_b(x)
+    return seer_kernels.row_linear_pair(x, module_a.weight, module_a.bias, module_b.weight, module_b.bias, count,
+                                        check=False)  # rows the engine built
+
+
 def swiglu(gate: torch.Tensor, up: torch.Tensor, taps: Taps | None) -> torch.Tensor:
     """silu(gate) * up, measuring its sparsity in the same pass when a tap asks for it."""
     if taps is not None and taps.mlp_sparsity_eps is not None:

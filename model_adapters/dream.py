@@ -27,7 +27,7 @@ from torch import nn
 
 from seer_runtime.adapter import PaddedLayout, TokenIds
 
-from .common import RMSNorm, linear
+from .common import RMSNorm, linear, linear_pair
 from .decoder import (
     DiffusionDecoder,
     ModelOutput,
@@ -118,8 +118,8 @@ class DreamDecoderLayer(nn.Module):
     def project_kv(self, x: torch.Tensor, *, count=None):
         lead = x.shape[:-1]
         at = self.self_attn
-        return (linear(at.k_proj, x, count).view(*lead, self.n_kv_heads, self.head_dim),
-                linear(at.v_proj, x, count).view(*lead, self.n_kv_heads, self.head_dim))
+        k, v = linear_pair(at.k_proj, at.v_proj, x, count)
+        return k.view(*lead, self.n_kv_heads, self.head_dim), v.view(*lead, self.n_kv_heads, self.head_dim)
 
     def project_out(self, ctx: torch.Tensor) -> torch.Tensor:
         return self.self_attn.o_proj(ctx)
@@ -131,7 +131,8 @@ class DreamDecoderLayer(nn.Module):
         return self.input_layernorm, self.post_attention_layernorm
 
     def mlp_gate_up(self, h: torch.Tensor, *, count=None):
-        return linear(self.mlp.gate_proj, h, count), linear(self.mlp.up_proj, h, count)
+        mlp = self.mlp
+        return linear_pair(mlp.gate_proj, mlp.up_proj, h, count)
 
     def mlp_down(self, act: torch.Tensor, *, count=None) -> torch.Tensor:
         return linear(self.mlp.down_proj, act, count)

@@ -28,7 +28,7 @@ from torch import nn
 
 from seer_runtime.adapter import PaddedLayout, TokenIds
 
-from .common import RMSNorm, linear
+from .common import RMSNorm, linear, linear_pair
 from .decoder import (
     DiffusionDecoder,
     ModelOutput,
@@ -128,14 +128,14 @@ class LLaDALlamaBlock(nn.Module):
 
     def project_kv(self, x: torch.Tensor, *, count=None):
         lead = x.shape[:-1]
-        return (linear(self.k_proj, x, count).view(*lead, self.n_kv_heads, self.head_dim),
-                linear(self.v_proj, x, count).view(*lead, self.n_kv_heads, self.head_dim))
+        k, v = linear_pair(self.k_proj, self.v_proj, x, count)
+        return k.view(*lead, self.n_kv_heads, self.head_dim), v.view(*lead, self.n_kv_heads, self.head_dim)
 
     def project_out(self, ctx: torch.Tensor) -> torch.Tensor:
         return self.attn_out(ctx)
 
     def mlp_gate_up(self, h: torch.Tensor, *, count=None):
-        return linear(self.ff_proj, h, count), linear(self.up_proj, h, count)
+        return linear_pair(self.ff_proj, self.up_proj, h, count)
 
     def mlp_down(self, act: torch.Tensor, *, count=None) -> torch.Tensor:
         return linear(self.ff_out, act, count)

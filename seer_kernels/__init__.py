@@ -12,8 +12,8 @@ Public ops, one module per op family named after its op (see each for shapes, dt
   word and buffers live in ``slice_repack_control.py``;
 * :func:`cosine_saliency` (``cosine_saliency.py``), :func:`gather_rows` /
   :func:`scatter_rows`, :func:`exchange_rows` (``row_gather_scatter.py``), :func:`partial_attention`
-  (``partial_attention.py``), :func:`row_linear` (``row_linear.py``) - DyLLM saliency
-  selection, partial attention, and the linear layers of the salient rows;
+  (``partial_attention.py``), :func:`row_linear` / :func:`row_linear_pair` (``row_linear.py``) -
+  DyLLM saliency selection, partial attention, and the linear layers of the salient rows;
 * :func:`rms_norm` (``rms_norm.py``), :func:`rotary_embedding` (``rotary_embedding.py``) -
   RMSNorm and rotate-half RoPE of whole rows or of a row set (DyLLM's sparse layers).
 
@@ -54,7 +54,7 @@ from .row_gather_scatter import (
     scatter_rows,
     scatter_rows_reference,
 )
-from .row_linear import row_linear, row_linear_reference
+from .row_linear import row_linear, row_linear_pair, row_linear_pair_reference, row_linear_reference
 from .slice_repack import slice_repack, slice_repack_reference
 from .slice_repack_control import ControlValues, SliceRepackOutput, slice_repack_buffers, slice_repack_decision
 from .snr_boundary import snr_boundary, snr_boundary_reference
@@ -83,6 +83,8 @@ __all__ = [
     "rotary_embedding",
     "rotary_embedding_reference",
     "row_linear",
+    "row_linear_pair",
+    "row_linear_pair_reference",
     "row_linear_reference",
     "scatter_rows",
     "scatter_rows_reference",

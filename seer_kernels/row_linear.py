@@ -40,34 +40,14 @@ _CONFIGS = _dispatch.single_config_when_interpreting(
 )
 
 
-@triton.autotune(configs=_CONFIGS, key=["M", "N", "K"])
-@triton.jit(do_not_specialize=["count_val"])
-def _row_linear_kernel(
-    x_ptr,
-    w_ptr,
-    b_ptr,
-    out_ptr,
-    count_ptr,
-    count_val,
-    M,
-    N,
-    K,
-    stride_xm,
-    stride_xk,
-    stride_wn,
-    stride_wk,
-    stride_om,
-    stride_on,
-    HAS_BIAS: tl.constexpr,
-    HAS_COUNT_PTR: tl.constexpr,
-    DOT_PREC: tl.constexpr,
-    UPCAST: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
-):
-    pid = tl.program_id(0)
+@triton.jit
+def _row_linear_tile(
+    x_ptr, w_ptr, b_ptr, out_ptr, count_ptr, count_val, pid, M, N, K,
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_om, stride_on,
+    HAS_BIAS: tl.constexpr, HAS_COUNT_PTR: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):  # fmt: skip
+    """Output tile ``pid`` of ``out = x[:count] @ w.T + b`` (zero rows past the count)."""
     n_m = tl.cdiv(M, BLOCK_M)
     n_n = tl.cdiv(N, BLOCK_N)
     # grouped order: GROUP_M consecutive row tiles walk the weight's column tiles together
@@ -111,6 +91,46 @@ def _row_linear_kernel(
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=(offs_m < M)[:, None] & n_ok[None, :])
 
 
+@triton.autotune(configs=_CONFIGS, key=["M", "N", "K"])
+@triton.jit(do_not_specialize=["count_val"])
+def _row_linear_kernel(
+    x_ptr, w_ptr, b_ptr, out_ptr, count_ptr, count_val, M, N, K,
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_om, stride_on,
+    HAS_BIAS: tl.constexpr, HAS_COUNT_PTR: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):  # fmt: skip
+    _row_linear_tile(
+        x_ptr, w_ptr, b_ptr, out_ptr, count_ptr, count_val, tl.program_id(0), M, N, K,
+        stride_xm, stride_xk, stride_wn, stride_wk, stride_om, stride_on,
+        HAS_BIAS, HAS_COUNT_PTR, DOT_PREC, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+    )  # fmt: skip
+
+
+@triton.autotune(configs=_CONFIGS, key=["M", "N", "K"])
+@triton.jit(do_not_specialize=["count_val"])
+def _row_linear_pair_kernel(
+    x_ptr, wa_ptr, ba_ptr, outa_ptr, wb_ptr, bb_ptr, outb_ptr, count_ptr, count_val, M, N, K,
+    stride_xm, stride_xk, stride_wan, stride_wak, stride_wbn, stride_wbk, stride_oam, stride_oan,
+    stride_obm, stride_obn,
+    HAS_BIAS_A: tl.constexpr, HAS_BIAS_B: tl.constexpr, HAS_COUNT_PTR: tl.constexpr, DOT_PREC: tl.constexpr,
+    UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):  # fmt: skip
+    # grid axis 1 picks the projection: the two share x's rows and every tile size
+    if tl.program_id(1) == 0:
+        _row_linear_tile(
+            x_ptr, wa_ptr, ba_ptr, outa_ptr, count_ptr, count_val, tl.program_id(0), M, N, K,
+            stride_xm, stride_xk, stride_wan, stride_wak, stride_oam, stride_oan,
+            HAS_BIAS_A, HAS_COUNT_PTR, DOT_PREC, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+        )  # fmt: skip
+    else:
+        _row_linear_tile(
+            x_ptr, wb_ptr, bb_ptr, outb_ptr, count_ptr, count_val, tl.program_id(0), M, N, K,
+            stride_xm, stride_xk, stride_wbn, stride_wbk, stride_obm, stride_obn,
+            HAS_BIAS_B, HAS_COUNT_PTR, DOT_PREC, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+        )  # fmt: skip
+
+
 def _row_linear_triton(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, count: int | torch.Tensor, out: torch.Tensor
 ) -> None:
@@ -147,6 +167,30 @@ def _row_linear_triton(
     )
 
 
+def _row_linear_pair_triton(
+    x: torch.Tensor, weight_a: torch.Tensor, bias_a: torch.Tensor | None, weight_b: torch.Tensor,
+    bias_b: torch.Tensor | None, count: int | torch.Tensor, out_a: torch.Tensor, out_b: torch.Tensor,
+) -> None:
+    """Launch on validated ``x [M, K]``, ``weight_a``/``weight_b`` ``[N, K]``, biases ``[N]`` or None
+    into ``out_a``/``out_b`` ``[M, N]``: one grid, axis 1 choosing the projection."""
+    M, K = x.shape
+    N = weight_a.shape[0]
+    if M == 0 or N == 0:
+        return
+    count_tensor, count_int = _dispatch.split_count(count)
+    upcast = _dispatch.interpreting() and x.dtype == torch.bfloat16
+    grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]), 2)  # noqa: E731
+    _row_linear_pair_kernel[grid](
+        x, weight_a, bias_a if bias_a is not None else weight_a, out_a,
+        weight_b, bias_b if bias_b is not None else weight_b, out_b,
+        count_tensor if count_tensor is not None else out_a, count_int, M, N, K,
+        x.stride(0), x.stride(1), weight_a.stride(0), weight_a.stride(1), weight_b.stride(0), weight_b.stride(1),
+        out_a.stride(0), out_a.stride(1), out_b.stride(0), out_b.stride(1),
+        HAS_BIAS_A=bias_a is not None, HAS_BIAS_B=bias_b is not None, HAS_COUNT_PTR=count_tensor is not None,
+        DOT_PREC="ieee" if x.dtype == torch.float32 or upcast else "tf32", UPCAST=upcast,
+    )  # fmt: skip
+
+
 def row_linear_reference(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, count: int | torch.Tensor
 ) -> torch.Tensor:
@@ -179,17 +223,48 @@ _row_linear_op = _dispatch.define_op(
 )
 
 
-def _check_row_linear(x, weight, bias, count) -> None:
-    _dispatch.check_tensor("x", x, dtypes=_DTYPES, dim=2)
-    _dispatch.check_tensor("weight", weight, dtypes=(x.dtype,), dim=2)
+def row_linear_pair_reference(
+    x: torch.Tensor, weight_a: torch.Tensor, bias_a: torch.Tensor | None, weight_b: torch.Tensor,
+    bias_b: torch.Tensor | None, count: int | torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Torch reference of :func:`row_linear_pair`: :func:`row_linear_reference` of each weight."""
+    return row_linear_reference(x, weight_a, bias_a, count), row_linear_reference(x, weight_b, bias_b, count)
+
+
+def _row_linear_pair_impl(x, weight_a, bias_a, weight_b, bias_b, count, count_int) -> tuple[torch.Tensor, torch.Tensor]:
+    live = count if count is not None else count_int
+    if not _dispatch.use_triton(x):
+        return row_linear_pair_reference(x, weight_a, bias_a, weight_b, bias_b, live)
+    out_a = torch.empty((x.shape[0], weight_a.shape[0]), dtype=x.dtype, device=x.device)
+    out_b = torch.empty_like(out_a)
+    _row_linear_pair_triton(x, weight_a, bias_a, weight_b, bias_b, live, out_a, out_b)
+    return out_a, out_b
+
+
+_row_linear_pair_op = _dispatch.define_op(
+    "row_linear_pair(Tensor x, Tensor weight_a, Tensor? bias_a, Tensor weight_b, Tensor? bias_b, Tensor? count, "
+    "int count_int) -> (Tensor, Tensor)",
+    _row_linear_pair_impl,
+    lambda x, weight_a, bias_a, weight_b, bias_b, count, count_int: (
+        x.new_empty((x.shape[0], weight_a.shape[0])), x.new_empty((x.shape[0], weight_b.shape[0]))),
+)
+
+
+def _check_weight(x, weight, bias, weight_name: str, bias_name: str) -> None:
+    _dispatch.check_tensor(weight_name, weight, dtypes=(x.dtype,), dim=2)
     if weight.shape[1] != x.shape[1]:
         raise ValueError(
-            f"weight must be [N, K] with K = {x.shape[1]} (x's columns), got {tuple(weight.shape)}"
+            f"{weight_name} must be [N, K] with K = {x.shape[1]} (x's columns), got {tuple(weight.shape)}"
         )
     if bias is not None:
-        _dispatch.check_tensor("bias", bias, dtypes=(x.dtype,), dim=1)
+        _dispatch.check_tensor(bias_name, bias, dtypes=(x.dtype,), dim=1)
         if bias.shape[0] != weight.shape[0]:
-            raise ValueError(f"bias must be [N] = [{weight.shape[0]}], got {tuple(bias.shape)}")
+            raise ValueError(f"{bias_name} must be [N] = [{weight.shape[0]}], got {tuple(bias.shape)}")
+
+
+def _check_row_linear(x, weight, bias, count) -> None:
+    _dispatch.check_tensor("x", x, dtypes=_DTYPES, dim=2)
+    _check_weight(x, weight, bias, "weight", "bias")
     _dispatch.check_count("count", count, x.shape[0], "x's capacity rows")
     _dispatch.check_same_device(
         x=x, weight=weight, bias=bias, count=count if isinstance(count, torch.Tensor) else None
@@ -226,3 +301,41 @@ def row_linear(
     if check:
         _check_row_linear(x, weight, bias, count)
     return _row_linear_op(x, weight, bias, *_dispatch.split_count(count))
+
+
+def row_linear_pair(
+    x: torch.Tensor, weight_a: torch.Tensor, bias_a: torch.Tensor | None, weight_b: torch.Tensor,
+    bias_b: torch.Tensor | None, count: int | torch.Tensor, *, check: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two projections of the same live rows in one launch: :func:`row_linear` with ``weight_a``
+    and with ``weight_b`` (DyLLM's K and V, or gate and up, of the rows it recomputes).
+
+    Args:
+        x: ``[capacity, K]`` fp16/bf16/fp32, any strides.
+        weight_a, weight_b: ``[N, K]`` each, the same shape, of ``x``'s dtype and device, any
+            strides.
+        bias_a, bias_b: ``[N]`` of ``x``'s dtype, or None (each on its own).
+        count: live rows, as in :func:`row_linear`.
+        check: validate the arguments (default); False skips every check, as in :func:`row_linear`.
+
+    Returns:
+        ``(out_a, out_b)``, each ``[capacity, N]`` in ``x``'s dtype: what :func:`row_linear` gives
+        for that weight (rows past the count zero). The same arithmetic per output tile; on a GPU
+        the pair autotunes its tile sizes on its own, so it agrees with two :func:`row_linear`
+        calls within fp32 accumulation order (bitwise under the interpreter and on the CPU).
+
+    No host synchronisation on CUDA (graph-capturable; warm up before a capture, as for
+    :func:`row_linear`).
+    """
+    if check:
+        _dispatch.check_tensor("x", x, dtypes=_DTYPES, dim=2)
+        _check_weight(x, weight_a, bias_a, "weight_a", "bias_a")
+        _check_weight(x, weight_b, bias_b, "weight_b", "bias_b")
+        if weight_b.shape != weight_a.shape:
+            raise ValueError(
+                f"weight_b must have weight_a's shape {tuple(weight_a.shape)}, got {tuple(weight_b.shape)}"
+            )
+        _dispatch.check_count("count", count, x.shape[0], "x's capacity rows")
+        _dispatch.check_same_device(x=x, weight_a=weight_a, bias_a=bias_a, weight_b=weight_b, bias_b=bias_b,
+                                    count=count if isinstance(count, torch.Tensor) else None)
+    return _row_linear_pair_op(x, weight_a, bias_a, weight_b, bias_b, *_dispatch.split_count(count))

@@ -30,6 +30,7 @@ pytestmark = [pytest.mark.custom_ops]
 OPS = [
     "mlp_sparsity", "swiglu_sparsity", "snr_boundary", "varlen_attention", "slice_repack", "cosine_saliency",
     "gather_rows", "scatter_rows", "partial_attention", "row_linear", "rms_norm", "rotary_embedding", "exchange_rows",
+    "row_linear_pair",
 ]  # fmt: skip
 TABLES = dict(micro_buckets=[4, 8], packed_buckets=[8, 16], batch_buckets=[2, 4])
 
@@ -70,6 +71,7 @@ def _calls() -> dict:
             dict(k_old=randn(T, H, d)),
         ),
         "row_linear": (sk.row_linear, (randn(6, 5), randn(3, 5), randn(3), _count(4)), {}),
+        "row_linear_pair": (sk.row_linear_pair, (randn(6, 5), randn(3, 5), None, randn(3, 5), randn(3), _count(4)), {}),
         "exchange_rows": (sk.exchange_rows, (randn(6, 5), torch.tensor([4, 0, 2, -1]), _count(3), randn(4, 5)), {}),
         "rms_norm": (sk.rms_norm, (randn(6, 5), randn(5), 1e-6),
                      dict(index=torch.tensor([4, 0, 2, -1], dtype=torch.int32), count=_count(3))),
@@ -211,6 +213,8 @@ def _op_args(name: str, args: tuple, kwargs: dict) -> tuple[tuple, list[torch.Te
         return (dst, index, count, 0, src), [dst]
     if name == "row_linear":
         return (*args[:3], args[3], 0), []
+    if name == "row_linear_pair":
+        return (*args, 0), []
     if name == "exchange_rows":
         table, index, count, rows = args
         return (table, index, count, 0, rows, False), []  # the public function returns the previous rows only
@@ -251,7 +255,8 @@ def test_the_registered_op_is_the_public_function(name):
     want = fn(*_clone(args), **_clone(kwargs))
     op_args, written = _op_args(name, *_clone((args, kwargs)))
     returned = getattr(torch.ops.seer, name)(*op_args)
-    _assert_same(want, [t for t in (*written, returned) if t is not None], name)
+    returned = list(returned) if isinstance(returned, tuple) else [returned]
+    _assert_same(want, [t for t in (*written, *returned) if t is not None], name)
 
 
 # ------------------------------------------------------------------------- (b) fake kernels
@@ -375,10 +380,8 @@ class CachedRows:
 
     def attend(self, q, k, v):
         index, count = self.kv_index, self.kv_count
-        delta_v = v - sk.gather_rows(self.values, index, count)
-        k_old = sk.gather_rows(self.keys, index, count)
-        sk.scatter_rows(self.keys, index, count, k)
-        sk.scatter_rows(self.values, index, count, v)
+        delta_v = sk.exchange_rows(self.values, index, count, v, delta=True)
+        k_old = sk.exchange_rows(self.keys, index, count, k)
         slots = torch.arange(index.shape[0])
         exact = torch.zeros(q.shape[0] + 1, dtype=torch.bool).index_fill_(
             0, torch.where(slots < count, index, q.shape[0]), True
@@ -401,9 +404,10 @@ class CachedRows:
 
 @pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
 def test_compiled_row_set_layer_equals_eager(backend):
-    """DyLLM's row-set path: rms_norm, rotary_embedding, gather_rows, row_linear (biased K/V, the
-    FFN), scatter_rows, partial_attention and cosine_saliency inside one compiled layer, counts on the device; once
-    through Inductor too (its handling of ops that write their arguments)."""
+    """DyLLM's row-set path: rms_norm, rotary_embedding, exchange_rows, row_linear_pair (biased K/V,
+    gate/up), row_linear (down), scatter_rows, partial_attention and cosine_saliency inside one compiled
+    layer, counts on the device; once through Inductor too (its handling of ops that write their
+    arguments)."""
     model, g = _layer_inputs(3)
     T, Hk, d = 10, model.num_kv_heads, model.head_dim
     cu = torch.tensor([0, 4, 10], dtype=torch.int32)
@@ -422,8 +426,8 @@ def test_compiled_row_set_layer_equals_eager(backend):
         rows = CachedRows(keys, values, contexts, ffn_cache, index, count, cu, 6)
         return model.layer(2, hidden, layout, rope=(cos, sin), taps=Taps(rows=rows))
 
-    ops = {"gather_rows", "row_linear", "scatter_rows", "partial_attention", "cosine_saliency", "rms_norm",
-           "rotary_embedding"}
+    ops = {"exchange_rows", "row_linear", "row_linear_pair", "scatter_rows", "partial_attention", "cosine_saliency",
+           "rms_norm", "rotary_embedding"}
     _compiled_equals_eager(step, make_state, ops, backend)
 
 

@@ -309,6 +309,18 @@ CASES = [
         ValueError, "bias"),
     Bad("row_linear-dtype-mismatch", lambda: sk.row_linear(torch.randn(4, 4), torch.randn(3, 4).half(), None, 2),
         TypeError, "weight"),
+    Bad("row_linear_pair-weight_b-shape",
+        lambda: sk.row_linear_pair(torch.randn(4, 4), torch.randn(3, 4), None, torch.randn(2, 4), None, 2), ValueError,
+        "weight_b"),
+    Bad("row_linear_pair-weight_a-dtype",
+        lambda: sk.row_linear_pair(torch.randn(4, 4), torch.randn(3, 4).half(), None, torch.randn(3, 4), None, 2),
+        TypeError, "weight_a"),
+    Bad("row_linear_pair-bias_b-shape",
+        lambda: sk.row_linear_pair(torch.randn(4, 4), torch.randn(3, 4), None, torch.randn(3, 4), torch.randn(4), 2),
+        ValueError, "bias_b"),
+    Bad("row_linear_pair-count-past-capacity",
+        lambda: sk.row_linear_pair(torch.randn(4, 4), torch.randn(3, 4), None, torch.randn(3, 4), None, 5), ValueError,
+        "count"),
     Bad("row_linear-device", lambda: sk.row_linear(torch.randn(4, 4), meta(torch.randn(3, 4)), None, 2),
         ValueError, "weight"),
     # rms_norm
@@ -372,7 +384,7 @@ def test_every_public_op_has_bad_input_cases():
     ops = {c.id.split("-")[0] for c in CASES}
     public = {"mlp_sparsity", "swiglu_sparsity", "snr_boundary", "varlen_attention", "slice_repack",
               "cosine_saliency", "gather_rows", "scatter_rows", "partial_attention", "row_linear", "rms_norm",
-              "rotary_embedding", "exchange_rows"}
+              "rotary_embedding", "exchange_rows", "row_linear_pair"}
     assert public <= ops, public - ops
     assert len({c.id for c in CASES}) == len(CASES), "case ids must be distinct"
 

@@ -28,6 +28,7 @@ OP_MODULES = {
     "exchange_rows": "row_gather_scatter",
     "partial_attention": "partial_attention",
     "row_linear": "row_linear",
+    "row_linear_pair": "row_linear",
     "rms_norm": "rms_norm",
     "rotary_embedding": "rotary_embedding",
 }

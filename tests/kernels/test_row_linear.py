@@ -8,7 +8,7 @@ import importlib
 import pytest
 import torch
 
-from seer_kernels import kernel_backend, row_linear, row_linear_reference
+from seer_kernels import kernel_backend, row_linear, row_linear_pair, row_linear_pair_reference, row_linear_reference
 from seer_kernels.row_linear import _CONFIGS
 from tests.tolerances import assert_within_baseline_error
 
@@ -103,6 +103,37 @@ def test_triton_path_does_not_call_the_reference(monkeypatch):
         module.row_linear(x, weight, bias, 2)
     with kernel_backend("reference"), pytest.raises(AssertionError, match="reference ran"):
         module.row_linear(x, weight, bias, 2)
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_ids)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("biases", ["both", "a", "b", "none"])
+def test_pair_is_two_row_linears_bit_for_bit(case, dtype, biases):
+    """One launch, both projections: each output equals row_linear of its weight (the same tile
+    code and, under the interpreter, the same tiles), on every backend."""
+    cap, K, N, n = case
+    x, weight_a, bias_a = _inputs(cap, K, N, dtype, seed=cap + 2 * K + N)
+    _, weight_b, bias_b = _inputs(cap, K, N, dtype, seed=cap + 2 * K + N + 1)
+    bias_a = bias_a if biases in ("both", "a") else None
+    bias_b = bias_b if biases in ("both", "b") else None
+    count = _count("i32", n)
+    for backend in ("auto", "reference"):
+        with kernel_backend(backend):
+            out_a, out_b = row_linear_pair(x, weight_a, bias_a, weight_b, bias_b, count)
+            assert torch.equal(out_a, row_linear(x, weight_a, bias_a, count)), backend
+            assert torch.equal(out_b, row_linear(x, weight_b, bias_b, count)), backend
+    ref_a, ref_b = row_linear_pair_reference(x, weight_a, bias_a, weight_b, bias_b, n)
+    assert torch.equal(ref_a, row_linear_reference(x, weight_a, bias_a, n))
+    assert torch.equal(ref_b, row_linear_reference(x, weight_b, bias_b, n))
+
+
+def test_pair_with_strided_weights_and_int_counts():
+    x, weight_a, bias_a = _inputs(2 * BM + 3, 2 * BK + 1, BN + 5, torch.float16, seed=6)
+    weight_b = torch.cat([weight_a, weight_a.flip(0)], dim=1)[:, ::2]  # a column stride of 2
+    for n in (0, 1, BM + 2, 2 * BM + 3):
+        out_a, out_b = row_linear_pair(x.t().contiguous().t(), weight_a, bias_a, weight_b, None, n)
+        assert torch.equal(out_a, row_linear(x, weight_a, bias_a, n))
+        assert torch.equal(out_b, row_linear(x, weight_b.contiguous(), None, n))
 
 
 def _call(**changes):

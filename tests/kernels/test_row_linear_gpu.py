@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from seer_kernels import row_linear, row_linear_reference
+from seer_kernels import row_linear, row_linear_pair, row_linear_reference
 from tests.kernels.cuda import requires_cuda
 from tests.tolerances import assert_within_baseline_error
 
@@ -34,6 +34,21 @@ def test_within_twice_torch_error(cap, K, N, dtype):
             assert torch.equal(out[n:], torch.zeros_like(out[n:])), (n, b is None)
             exact = row_linear_reference(x.double(), weight.double(), None if b is None else b.double(), n)
             assert_within_baseline_error(out, row_linear_reference(x, weight, b, n), exact, msg=f"{dtype} n={n}")
+
+
+@pytest.mark.parametrize("cap, K, N", [(1024, 4096, 1024), (1024, 4096, 12288), (333, 1000, 700)])
+def test_pair_within_twice_torch_error(cap, K, N):
+    """row_linear_pair in bf16 at LLaDA-8B's K/V and gate/up widths: each output within twice
+    torch's error of fp64, rows past the device count zero."""
+    x, weight_a, bias_a = _inputs(cap, K, N, torch.bfloat16, seed=cap + N + 1)
+    _, weight_b, _ = _inputs(cap, K, N, torch.bfloat16, seed=cap + N + 2)
+    for n in (0, 1, cap // 3 + 1, cap):
+        count = torch.tensor([n], dtype=torch.int32, device="cuda")
+        out_a, out_b = row_linear_pair(x, weight_a, bias_a, weight_b, None, count)
+        for out, w, b in ((out_a, weight_a, bias_a), (out_b, weight_b, None)):
+            assert torch.equal(out[n:], torch.zeros_like(out[n:])), n
+            exact = row_linear_reference(x.double(), w.double(), None if b is None else b.double(), n)
+            assert_within_baseline_error(out, row_linear_reference(x, w, b, n), exact, msg=f"pair n={n}")
 
 
 def test_replays_in_a_cuda_graph_with_the_count_on_the_device():
