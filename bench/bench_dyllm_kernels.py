@@ -21,7 +21,9 @@ torch SDPA), with the ideal FLOP ratio next to the measured one, and the 20% ran
 with the key correction; saliency and gather/scatter/exchange as a fraction of peak memory bandwidth
 (``SEER_PEAK_BW`` in B/s, default an H200's 4.8e12); ``row_linear`` at LLaDA-8B's K/V, FFN up
 and FFN down widths on 5%, 20% and 100% of the response rows (a device count), against
-``F.linear`` on every row, the ideal FLOP ratio (count / capacity) beside the measured one;
+``F.linear`` on every row, the ideal FLOP ratio (count / capacity) beside the measured one, and
+``row_linear_pair`` (K and V, gate and up in one launch) against two ``row_linear`` calls;
+``exchange_rows`` with ``delta=True`` beside the plain exchange;
 ``rms_norm`` and ``rotary_embedding`` on the full step's rows and on a 20% row set, against the
 models' torch code (six and seven ops), as a fraction of peak memory bandwidth.
 bf16 correctness and the CUDA-graph capture of the whole sequence are ``tests/kernels/test_*_gpu.py`` (gpu marker).
@@ -383,6 +385,8 @@ def _time_saliency_and_rows(t: Timing) -> list[dict]:
         note = bandwidth_note(gather_rows_bytes(n_live, n_rows, d_model, elem, zero_tail=True)
                               + scatter_rows_bytes(n_live, n_rows, d_model, elem), ms)
         rows.append(row(f"exchange_rows {n_live}/{n_rows} rows x {d_model} bf16", ms, note))
+        ms = t.ms(lambda dst=dst, idx=idx, cnt=cnt, buf=buf: _rg.exchange_rows(dst, idx, cnt, buf, delta=True))
+        rows.append(row(f"exchange_rows {n_live}/{n_rows} rows x {d_model} bf16 delta=True", ms, note))
         del ctx, cache, src, buf, dst
     return rows
 
@@ -412,6 +416,16 @@ def _time_row_linear(t: Timing) -> list[dict]:
                 f"{tflops_note(row_linear_flops(live, K, N), ms)} on the live rows"
             )
             rows.append(row(f"row_linear {live}/{capacity} rows {name} [{K}->{N}] bf16", ms, note))
+        if name != "FFN down":  # K and V, gate and up: two projections of the same rows, one launch
+            live = max(1, round(0.2 * capacity))
+            count = torch.tensor([live], dtype=torch.int32, device=t.device)
+            weight_b = weight.flip(0)
+            two_ms = t.ms(lambda x=x, w=weight, wb=weight_b, c=count: (_rl.row_linear(x, w, None, c),
+                                                                       _rl.row_linear(x, wb, None, c)))
+            ms = t.ms(lambda x=x, w=weight, wb=weight_b, c=count: _rl.row_linear_pair(x, w, None, wb, None, c))
+            note = (f"vs two row_linear calls {ms / two_ms:.3f} (ideal <= 1: x read once, one launch); "
+                    f"{tflops_note(2 * row_linear_flops(live, K, N), ms)} on the live rows")
+            rows.append(row(f"row_linear_pair {live}/{capacity} rows {name} x2 [{K}->{N}] bf16", ms, note))
         del x, weight
     return rows
 

@@ -203,6 +203,7 @@ class DyLLMPolicy(DecodePolicy):
         self.config = config
         self.keys, self.values, self.contexts, self.ffn_outputs = [], [], [], []  # per layer, from on_request
         self._maps: dict[tuple, SparseMaps] = {}
+        self._dense_cost: dict[tuple, tuple[float, int]] = {}
         self._flat: dict[tuple[str, int], torch.Tensor] = {}
         self._flat_generation = 0
         self.records: list[dict] = []
@@ -233,6 +234,7 @@ class DyLLMPolicy(DecodePolicy):
         self._flat: dict[tuple[str, int], torch.Tensor] = {}  # flat views of the caches (flat), this generation's
         self._flat_generation = 0
         self._maps: dict[tuple, SparseMaps] = {}  # per layout (SparseForward.maps_key)
+        self._dense_cost: dict[tuple, tuple[float, int]] = {}  # (rows, windows) -> dense MACs, tokens
 
     # -- engine fixed points -------------------------------------------------------------------
     def plan_forward(self, run: DecodeRun, fwd: Forward) -> None:
@@ -313,8 +315,14 @@ class DyLLMPolicy(DecodePolicy):
     def after_forward(self, run: DecodeRun, fwd: Forward) -> None:
         plan, self.current = self.current, None
         rows, layers = plan.rows, run.num_layers
-        dense = self.dense_macs(run, rows) * layers
-        dense_tokens = sum(run.window[b] + (0 if run.prefix_cache else run.prompt_lengths[b]) for b in rows)
+        # what the baseline would compute for these rows at these window lengths (kept per layout:
+        # a replayed step's host work stays a lookup)
+        key = plan.maps_key[:2] if plan.maps_key is not None else (tuple(rows), tuple(run.window[b] for b in rows))
+        cost = self._dense_cost.get(key)
+        if cost is None:
+            tokens = sum(run.window[b] + (0 if run.prefix_cache else run.prompt_lengths[b]) for b in rows)
+            cost = self._dense_cost[key] = (self.dense_macs(run, rows) * layers, tokens)
+        dense, dense_tokens = cost
         record = {"step": plan.step, "mode": plan.mode, "rows": len(rows), "dense_macs": dense,
                   "tokens_dense": dense_tokens * layers}
         if plan.mode == "full":
@@ -335,6 +343,7 @@ class DyLLMPolicy(DecodePolicy):
             caches[:] = [None] * len(caches)
         self._flat.clear()  # views hold the caches' memory too
         self._maps.clear()
+        self._dense_cost.clear()
         self.records, self.current = [], None
 
     # -- caches --------------------------------------------------------------------------------
