@@ -1,8 +1,9 @@
 """Backend selection, the ``seer`` op library and the device-path rules shared by every op.
 
-Every public op validates its inputs and then computes through one registered torch op,
-``torch.ops.seer.<op>`` (defined with :func:`define_op` at import, touching no device). The
-op's implementation asks :func:`use_triton` whether to launch the Triton kernel or to run the
+Every public op validates its inputs (the hot-loop ops can skip that with ``check=False`` when
+their caller built the arguments itself) and then computes through one registered torch op,
+``torch.ops.seer.<op>`` (defined with :func:`define_op` at import, touching no device), called
+through a :class:`SeerOp`. The op's implementation asks :func:`use_triton` whether to launch the Triton kernel or to run the
 torch reference:
 
 * CUDA tensor                       -> Triton kernel;
@@ -22,7 +23,7 @@ on the host; and three kernels launch with their own ``enable_fp_fusion``, which
 launch of a user kernel does not take (it applies its global setting), so their bits would change.
 A ``torch.library.Library`` op also dispatches with less Python around it than a ``custom_op``.
 In plain eager inference (grad off, no dispatch or function mode, not tracing) a public op calls
-the registered implementation directly (:class:`SeerOp`): the dispatcher's round trip is most of
+the registered op's implementation directly (:class:`SeerOp`): the dispatcher's round trip is most of
 an op's host cost, and nothing is there to see it; anything that watches ops still gets
 ``torch.ops.seer.<op>``.
 
@@ -132,9 +133,10 @@ def host_path(tensor: torch.Tensor) -> bool:
 
     True for a tensor not on a GPU, in eager mode, outside :func:`emulate_device`. False on the
     device path: a CUDA tensor (a read would wait for the device), ``emulate_device()``, or while
-    ``torch.compile`` traces (a read would break the graph).
+    ``torch.compile`` or ``torch.jit.trace`` traces (a read would break the graph, or be frozen
+    into it as a constant).
     """
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or torch._C._get_tracing_state() is not None:
         return False
     return not tensor.is_cuda and not emulating()
 
@@ -149,11 +151,20 @@ def _dispatcher_needed(first: object) -> bool:
     """Whether an op call must go through the torch dispatcher rather than straight to its
     implementation: something may watch or transform it (a ``TorchDispatchMode`` such as
     FakeTensor, a recording graph backend or the sync audit; a ``TorchFunctionMode``;
-    ``torch.compile`` tracing; functorch transforms), autograd is on, or the first argument is
-    not a plain tensor (a subclass dispatches through ``__torch_dispatch__``)."""
+    ``torch.compile`` or ``torch.jit.trace`` tracing; functorch transforms), autograd is on, or
+    the first argument is not a plain tensor (a subclass dispatches through
+    ``__torch_dispatch__``).
+
+    Only the first argument's type is looked at (checking every argument would cost about a
+    microsecond per call, ~30 us per DyLLM layer-step): a tensor subclass passed further on
+    (quantized or distributed weights) reaches the implementation as it is, which runs the
+    reference through the subclass's own ops on the CPU and, on a GPU, fails in the Triton launch
+    (a wrapper subclass has no data pointer); call ``torch.ops.seer.<name>`` (the op's
+    ``overload``) to send such arguments through their ``__torch_dispatch__``.
+    ``torch.set_default_device`` is a function mode, so it turns the direct call off."""
     return (type(first) is not torch.Tensor or torch.is_grad_enabled() or torch.compiler.is_compiling()
             or torch._C._len_torch_dispatch_stack() > 0 or torch._C._is_torch_function_mode_enabled()
-            or torch._C._are_functorch_transforms_active())
+            or torch._C._are_functorch_transforms_active() or torch._C._get_tracing_state() is not None)
 
 
 class SeerOp:

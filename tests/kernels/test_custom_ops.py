@@ -105,6 +105,18 @@ def _outputs(result) -> list[torch.Tensor]:
     return list(result)
 
 
+def _tensors(tree) -> list[torch.Tensor]:
+    """Every tensor in an argument tree (slice_repack's buffers included), in order."""
+    found: list[torch.Tensor] = []
+
+    def visit(x):
+        found.extend(_outputs(x) if isinstance(x, sk.SliceRepackOutput | torch.Tensor) else [])
+        return x
+
+    tree_map(visit, tree)
+    return found
+
+
 def _assert_same(a, b, msg=""):
     for x, y in zip(_outputs(a), _outputs(b), strict=True):
         assert torch.equal(x.nan_to_num(-7.0), y.nan_to_num(-7.0)), msg
@@ -145,12 +157,34 @@ def test_plain_eager_inference_skips_the_dispatcher_with_the_same_result(name, m
     """Grad off and nothing watching: the public op calls the implementation itself (the
     dispatcher's round trip is most of its host cost), and gets what the dispatcher's call gets."""
     fn, args, kwargs = _calls()[name]
+    dispatched_args, dispatched_kwargs = _clone(args), _clone(kwargs)
     with kernel_backend("reference"):
-        dispatched = fn(*_clone(args), **_clone(kwargs))  # grad on: through torch.ops.seer
+        dispatched = fn(*dispatched_args, **dispatched_kwargs)  # grad on: through torch.ops.seer
     _refuse_dispatch(monkeypatch, name)
+    direct_args, direct_kwargs = _clone(args), _clone(kwargs)
     with kernel_backend("reference"), torch.no_grad():
-        direct = fn(*_clone(args), **_clone(kwargs))
+        direct = fn(*direct_args, **direct_kwargs)
     _assert_same(dispatched, direct, name)
+    # and the buffers it writes (out=, exchanged rows, repack buffers)
+    _assert_same(_tensors((dispatched_args, dispatched_kwargs)), _tensors((direct_args, direct_kwargs)),
+                 f"{name}'s arguments")
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace` is deprecated", "ignore::torch.jit.TracerWarning")
+def test_jit_trace_records_the_registered_op():
+    """``torch.jit.trace`` (deprecated, still used by exporters) under ``no_grad`` sees
+    ``seer::<op>`` in its graph, not the reference's aten ops: tracing turns the direct call and
+    the host-side value checks off, as torch.compile does."""
+    fn, args, kwargs = _calls()["gather_rows"]
+    src, index, count = args
+
+    def gather(src_, index_):
+        return fn(src_, index_, count, **kwargs)
+
+    with kernel_backend("reference"), torch.no_grad():
+        traced = torch.jit.trace(gather, (src, index), check_trace=False)
+        assert "seer::gather_rows" in str(traced.graph), traced.graph
+        torch.testing.assert_close(traced(src, index), gather(src, index), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("watcher", ["autograd", "dispatch mode", "function mode", "fake tensors",
