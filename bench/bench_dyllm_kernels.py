@@ -423,7 +423,8 @@ def _time_row_linear(t: Timing) -> list[dict]:
             two_ms = t.ms(lambda x=x, w=weight, wb=weight_b, c=count: (_rl.row_linear(x, w, None, c),
                                                                        _rl.row_linear(x, wb, None, c)))
             ms = t.ms(lambda x=x, w=weight, wb=weight_b, c=count: _rl.row_linear_pair(x, w, None, wb, None, c))
-            note = (f"vs two row_linear calls {ms / two_ms:.3f} (ideal <= 1: x read once, one launch); "
+            note = (f"vs two row_linear calls {ms / two_ms:.3f} (ideal <= 1: one launch instead of two, "
+                    "the same bytes: each weight's programs read x); "
                     f"{tflops_note(2 * row_linear_flops(live, K, N), ms)} on the live rows")
             rows.append(row(f"row_linear_pair {live}/{capacity} rows {name} x2 [{K}->{N}] bf16", ms, note))
         del x, weight

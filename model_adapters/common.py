@@ -192,7 +192,8 @@ def block_forward(
         ctx = rows.attend(q, k, v)
     ctx = ctx.reshape(*ctx.shape[:-2], -1)
     if taps is not None and taps.keep_attn_ctx:
-        taps.attn_ctx = ctx
+        # a row set's attend may return a buffer the next layer overwrites (LayerRows.attend)
+        taps.attn_ctx = ctx if rows is None else ctx.clone()
     hidden = hidden + block.project_out(ctx)
     if rows is None:
         gate, up = block.mlp_gate_up(block.ffn_norm(hidden))

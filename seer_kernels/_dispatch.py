@@ -3,8 +3,8 @@
 Every public op validates its inputs (the hot-loop ops can skip that with ``check=False`` when
 their caller built the arguments itself) and then computes through one registered torch op,
 ``torch.ops.seer.<op>`` (defined with :func:`define_op` at import, touching no device), called
-through a :class:`SeerOp`. The op's implementation asks :func:`use_triton` whether to launch the Triton kernel or to run the
-torch reference:
+through a :class:`SeerOp`. The op's implementation asks :func:`use_triton` whether to launch
+the Triton kernel or to run the torch reference:
 
 * CUDA tensor                       -> Triton kernel;
 * CPU tensor                        -> torch reference (also the router's eager fallback);

@@ -239,23 +239,20 @@ def cosine_saliency_reference(
         live = rows < n_rows.reshape(()).to(rows.dtype).clamp(0, N)
     else:
         live = rows < min(max(int(n_rows), 0), N)
-    sim = torch.where(live, sim, one)
-    flag = live & ((sim < tau) | sim.isnan())
-    pos = torch.cumsum(flag.to(torch.int64), dim=0) - 1
-    # non-salient rows land in a dummy slot past the end, dropped afterwards
-    target = torch.where(flag, pos, torch.full_like(pos, capacity))
-    index = torch.full((capacity + 1,), index_pad, dtype=torch.int32, device=a.device)
-    index.scatter_(0, target, rows.to(torch.int32))
-    index = index[:capacity].clone()
-    count = flag.sum(dtype=torch.int32).reshape(1)
-    if out_salient is not None:
-        out_salient.copy_(flag)
-    if out_index is not None:
-        out_index.copy_(index)
-        out_count.copy_(count.reshape(out_count.shape))
-        out_similarity.copy_(sim)
-        return out_index, out_count, out_similarity
-    return index, count, sim
+    if out_index is not None and (out_count is None or out_similarity is None):
+        raise ValueError("out_index, out_count and out_similarity must be given together")
+    # with the op's buffers every result is written in place (as the kernel writes them), no copies
+    sim = torch.where(live, sim, one, out=out_similarity)
+    flag = torch.logical_and(live, (sim < tau) | sim.isnan(), out=out_salient)
+    # the j-th salient row is the first whose running count of salient rows reaches j + 1
+    running = torch.cumsum(flag, dim=0, dtype=torch.int32)
+    slots = torch.arange(1, capacity + 1, dtype=torch.int32, device=a.device)
+    count = torch.sum(flag, dim=0, keepdim=True, dtype=torch.int32,
+                      out=None if out_count is None else out_count.view(1))
+    first = torch.searchsorted(running, slots, out_int32=True, out=out_index)
+    pad = torch.full((), index_pad, dtype=torch.int32, device=a.device)
+    index = torch.where(slots <= count, first, pad, out=out_index)
+    return (index, out_count, sim) if out_count is not None else (index, count, sim)
 
 
 def _cosine_saliency_impl(ctx, ctx_cache, tau, n_rows, n_rows_int, index_pad, index, count, similarity,

@@ -1,11 +1,17 @@
-"""Row gather and scatter through a fixed-capacity index buffer with a device-side count.
+"""Row gather, scatter and exchange through a fixed-capacity index buffer with a device-side count.
 
-DyLLM runs the FFN (and the K/V projection) only for the salient rows: gather them into a
-dense ``[capacity, D]`` block, run the layer on it, scatter the result back into the cached
-``[N, D]`` tensor. ``index``/``count`` come straight from :func:`cosine_saliency`, so the
-number of live rows stays on the device and both ops are CUDA-graph capturable.
-:func:`exchange_rows` does both on one table in one pass: it returns the rows it overwrites
-(DyLLM's sparse layer reads a cache row's previous K/V and writes the new one).
+A row set is ``index[:count]``: ``index`` a fixed-capacity int buffer, ``count`` a host int or a
+one-element device tensor, so the number of live rows can stay on the device and the ops are
+CUDA-graph capturable. :func:`gather_rows` copies the set's rows of an ``[N, D]`` table into a
+dense ``[capacity, D]`` block; :func:`scatter_rows` writes such a block into the table;
+:func:`exchange_rows` writes it and returns, in the same pass, the rows it overwrote or (with
+``delta=True``) each row's change ``new - old``.
+
+DyLLM's sparse layer writes the recomputed rows' keys with :func:`exchange_rows` (the previous
+keys feed the key-corrected attention), their values with ``exchange_rows(delta=True)`` (the
+change feeds the value correction) and the salient rows' FFN outputs with :func:`scatter_rows`,
+all at indices and counts that :func:`cosine_saliency` left on the device. It gathers nothing:
+the rows it computes come compact out of the norm by index (``seer_kernels.rms_norm``).
 """
 
 from __future__ import annotations

@@ -1,13 +1,15 @@
 """A linear layer over the first ``count`` rows of a fixed-capacity buffer (DyLLM's sparse rows).
 
 ``out[:count] = x[:count] @ weight.T + bias``; rows at or past ``count`` are zero. DyLLM's sparse
-steps run the K/V projections and the FFN for the salient rows only: those rows are gathered into
-a ``[capacity, K]`` block whose live count stays on the device, so the layer computes on the live
-rows without the host ever learning how many there are.
+steps run the K/V projections and the FFN for the live rows only: those rows arrive as a compact
+``[capacity, K]`` block (the norm by index writes it) whose live count stays on the device, so
+the layer computes on the live rows without the host ever learning how many there are.
+:func:`row_linear_pair` runs two projections of the same rows (K and V, gate and up) in one launch.
 
 Kernel: a tiled GEMM, one program per ``BLOCK_M x BLOCK_N`` output tile (grouped along M so that
-a weight tile is reused from L2), fp32 accumulation with ``tl.dot``. A tile whose rows all lie
-at or past the count skips the K loop and only writes its zeros, so the work is
+a weight tile is reused from L2), fp32 accumulation with ``tl.dot``; the pair kernel adds a grid
+axis that picks the projection (each projection's programs read their own x tiles). A tile whose
+rows all lie at or past the count skips the K loop and only writes its zeros, so the work is
 ``ceil(count / BLOCK_M) * BLOCK_M`` rows of a full GEMM plus the zero writes of the rest.
 """
 

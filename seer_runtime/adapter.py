@@ -154,7 +154,8 @@ class LayerRows(Protocol):
     1. Q for every row; K and V only for the row set ``(kv_index, kv_count)``, rotated at their
        positions (``[capacity, Hk, d]``, rows past the count zero);
     2. ``attend(q [T, H, d], k, v) -> ctx [T, H, d]``: the attention core, which may keep cached
-       keys/values for the rows outside the set;
+       keys/values for the rows outside the set; ``ctx`` may be a buffer that later layers write
+       again (DyLLM keeps one per layout), so the block copies it for ``Taps.keep_attn_ctx``;
     3. the output projection and the residual for every row;
     4. ``ffn_index(ctx [T, H*d]) -> (index, count)``: the row set whose FFN is computed;
     5. ``ffn_output(out [capacity, D]) -> [T, D]``: the FFN output of every row (the computed

@@ -317,7 +317,7 @@ class DyLLMPolicy(DecodePolicy):
         rows, layers = plan.rows, run.num_layers
         # what the baseline would compute for these rows at these window lengths (kept per layout:
         # a replayed step's host work stays a lookup)
-        key = plan.maps_key[:2] if plan.maps_key is not None else (tuple(rows), tuple(run.window[b] for b in rows))
+        key = (tuple(rows), tuple(run.window[b] for b in rows))
         cost = self._dense_cost.get(key)
         if cost is None:
             tokens = sum(run.window[b] + (0 if run.prefix_cache else run.prompt_lengths[b]) for b in rows)

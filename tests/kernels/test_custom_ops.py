@@ -402,37 +402,47 @@ def test_compiled_packed_layer_equals_eager():
 
 
 class CachedRows:
-    """A small ``LayerRows`` over cached K/V, contexts and FFN outputs (as DyLLM's sparse layer):
-    K/V of the row set scattered into the caches, partial attention with the key correction,
-    the salient set from cosine_saliency, the FFN outputs scattered into their cache. Row sets
-    are fixed-capacity index buffers with int32 device counts."""
+    """A small ``LayerRows`` over cached K/V, contexts and FFN outputs, called as DyLLM's sparse
+    layer calls the ops (unchecked, into its own buffers): K/V of the row set exchanged into the
+    caches (the previous keys and the values' change out), partial attention with the key
+    correction into a kept output, the salient set and flags from cosine_saliency into kept
+    buffers (index padded with row 0), the FFN outputs scattered into their cache. Row sets are
+    fixed-capacity index buffers with int32 device counts."""
 
     def __init__(self, keys, values, contexts, ffn_cache, kv_index, kv_count, cu, max_len, tau=0.999):
         self.keys, self.values, self.contexts, self.ffn_cache = keys, values, contexts, ffn_cache
         self.kv_index, self.kv_count = kv_index, kv_count
         self.cu, self.max_len, self.tau = cu, max_len, tau
+        rows = contexts.shape[0]
+        head_dim = keys.shape[-1]
+        self.attention_out = torch.zeros(rows, contexts.shape[1] // head_dim, head_dim)  # [T, H, d]
+        self.saliency = (torch.empty(rows, dtype=torch.int32), torch.empty(1, dtype=torch.int32),
+                         torch.empty(rows), torch.empty(rows, dtype=torch.bool))
 
     def attend(self, q, k, v):
         index, count = self.kv_index, self.kv_count
-        delta_v = sk.exchange_rows(self.values, index, count, v, delta=True)
-        k_old = sk.exchange_rows(self.keys, index, count, k)
+        delta_v = sk.exchange_rows(self.values, index, count, v, delta=True, check=False)
+        k_old = sk.exchange_rows(self.keys, index, count, k, check=False)
         slots = torch.arange(index.shape[0])
         exact = torch.zeros(q.shape[0] + 1, dtype=torch.bool).index_fill_(
             0, torch.where(slots < count, index, q.shape[0]), True
         )[:-1]
         cached = self.contexts.view(q.shape)
         return sk.partial_attention(q, self.keys, self.values, cached, delta_v, self.cu, self.cu, self.max_len,
-                                    self.max_len, exact, index.to(torch.int32), count, k_old=k_old)  # fmt: skip
+                                    self.max_len, exact, index.to(torch.int32), count, k_old=k_old,
+                                    out=self.attention_out, check=False)  # fmt: skip
 
     def ffn_index(self, ctx):
-        index, count, _ = sk.cosine_saliency(ctx, self.contexts, self.tau)
+        index, count, similarity, salient = self.saliency
+        sk.cosine_saliency(ctx, self.contexts, self.tau, out_index=index, out_count=count, out_similarity=similarity,
+                           out_salient=salient, index_pad=0, check=False)
         self.contexts.copy_(ctx)
-        self.salient = (index.clamp(min=0).long(), count)
+        self.salient = (index, count)
         return self.salient
 
     def ffn_output(self, out):
         index, count = self.salient
-        sk.scatter_rows(self.ffn_cache, index, count, out)
+        sk.scatter_rows(self.ffn_cache, index, count, out, check=False)
         return self.ffn_cache.clone()
 
 
