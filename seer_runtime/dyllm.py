@@ -179,6 +179,7 @@ class SparseForward:
     index: torch.Tensor
     step: int
     mode: str
+    row_key: tuple = ()  # the rows as a tuple (a key part)
     offset: int = 0  # fed prompt positions before the window
     maps_key: tuple | None = None  # the layout its index maps are kept under (decided on the host)
     maps: SparseMaps | None = None
@@ -240,8 +241,10 @@ class DyLLMPolicy(DecodePolicy):
     def plan_forward(self, run: DecodeRun, fwd: Forward) -> None:
         self.fit(run.window.longest())
         cfg = self.config
-        cold = any(self.dense_forwards[b] < cfg.full_steps or self.valid[b] < run.window[b] for b in fwd.rows)
-        if cold:
+        rows = tuple(fwd.rows)
+        lengths = run.window.lengths_of(rows)
+        dense_forwards, valid, full_steps = self.dense_forwards, self.valid, cfg.full_steps
+        if any(dense_forwards[b] < full_steps or valid[b] < n for b, n in zip(rows, lengths)):  # cold
             mode = "full"
         elif run.prefix_cache:
             mode = "response"  # the prompt is in the prefix cache
@@ -250,11 +253,11 @@ class DyLLMPolicy(DecodePolicy):
         else:
             mode = "response"
             fwd.feed_prompt = False
-        plan = self.current = SparseForward(fwd.rows, fwd.index, fwd.step, mode)
+        plan = self.current = SparseForward(fwd.rows, fwd.index, fwd.step, mode, rows)
         if mode != "full":
             plan.offset = run.prompt_len if mode == "prompt" else 0
-            plan.maps_key = (tuple(plan.rows), tuple(run.window[r] for r in plan.rows), fwd.width, plan.offset,
-                             self.cached_prompt + self.capacity, run.prefix_cache)
+            plan.maps_key = (rows, lengths, fwd.width, plan.offset, self.cached_prompt + self.capacity,
+                             run.prefix_cache)
 
     def graph_key(self, run: DecodeRun, fwd: Forward) -> tuple | None:
         """A sparse forward replays per layout and cache generation; warm-up forwards run eagerly."""
@@ -316,8 +319,9 @@ class DyLLMPolicy(DecodePolicy):
         plan, self.current = self.current, None
         rows, layers = plan.rows, run.num_layers
         # what the baseline would compute for these rows at these window lengths (kept per layout:
-        # a replayed step's host work stays a lookup)
-        key = (tuple(rows), tuple(run.window[b] for b in rows))
+        # a replayed step's host work stays a lookup; the windows as they are now: Seer cuts them
+        # inside step 0's forward)
+        key = (plan.row_key, run.window.lengths_of(rows))
         cost = self._dense_cost.get(key)
         if cost is None:
             tokens = sum(run.window[b] + (0 if run.prefix_cache else run.prompt_lengths[b]) for b in rows)

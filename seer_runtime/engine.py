@@ -439,25 +439,23 @@ class DecodeRun:
             if part is None:
                 return None
             parts.append(part)
-        return (kind, *detail, tuple(fwd.rows), tuple(self.window[r] for r in fwd.rows), fwd.width,
-                fwd.feed_prompt, *parts)
+        return (kind, *detail, tuple(fwd.rows), self.window.lengths_of(fwd.rows), fwd.width, fwd.feed_prompt, *parts)
 
     def run_keyed(self, key: tuple | None, rows: list[int], compute: Callable[[], torch.Tensor]) -> torch.Tensor:
         """``compute()`` (a forward's device work: it lays the forward out, runs it and charges
         its statistics) through the forward graphs under ``key``. A replay runs no Python, so the
         statistics the key's first forward charged are charged again."""
-        ran = False
+        if key is None:
+            return self.graphs.run(None, compute)
+        before = None  # the statistics just before compute() runs (a replay does not run it)
 
         def call() -> torch.Tensor:
-            nonlocal ran
-            ran = True
+            nonlocal before
+            before = (self.stats.tokens_computed, self.stats.nfe, [self.tokens_per_request[r] for r in rows])
             return compute()
 
-        before = (self.stats.tokens_computed, self.stats.nfe, [self.tokens_per_request[r] for r in rows])
         out = self.graphs.run(key, call)
-        if key is None:
-            return out
-        if ran:
+        if before is not None:
             self._charges[key] = (self.stats.tokens_computed - before[0], self.stats.nfe - before[1],
                                   [self.tokens_per_request[r] - n for r, n in zip(rows, before[2])])
         else:
@@ -610,14 +608,14 @@ class DecodeRun:
 
     def _dream_counts(self, rows: list[int], step: int, per_row: list[int]) -> list[int]:
         """Positions each row commits at ``step`` (Dream's rule), ``per_row`` its masks left."""
-        counts = []
-        for local, r in enumerate(rows):
-            plan = self.plans[r]
+        counts, plans = [], self.plans
+        for r, left in zip(rows, per_row):
+            plan = plans[r]
             k = plan.counts[step]
             if k is None:
                 t, s = plan.ts[step]
-                k = dream_count(per_row[local], t, s, plan.last[step])
-            counts.append(min(int(k), per_row[local]))
+                k = dream_count(left, t, s, plan.last[step])
+            counts.append(min(int(k), left))
         return counts
 
     def _dream_static_count(self, rows: list[int], step: int) -> int | None:
@@ -631,7 +629,7 @@ class DecodeRun:
                 or (g.alg_temp is not None and g.alg_temp > 0)
                 or (g.tie_break != "stable" and self.rules.ranks_masked_only)):
             return None
-        counts = set(self._dream_counts(rows, step, [self.window.masks.left(r) for r in rows]))
+        counts = set(self._dream_counts(rows, step, self.window.masks.window_left(rows)))
         return counts.pop() if len(counts) == 1 else None
 
     def _choose_dream(self, rows: list[int], logits: torch.Tensor, k: int) -> torch.Tensor:
@@ -831,6 +829,11 @@ class DecodeRun:
         if self._masks_read is not None:
             rows, _, block_starts = self._masks_read
             masks = self.window.masks
+            if block_starts is None and self.gen.threshold is None:  # Dream: the whole window, no stall to see
+                masks.set_window_left(rows, self.step_values["masks_left"])
+                self._masks_read = None
+                masks.pending = False
+                return
             for i, (r, n) in enumerate(zip(rows, self.step_values["masks_left"])):
                 if block_starts is None:  # Dream: the whole window
                     before = masks.left(r)

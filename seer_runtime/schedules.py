@@ -92,11 +92,21 @@ def _transfer_factor(t: torch.Tensor, s: torch.Tensor) -> np.generic:
     return factor
 
 
+_DREAM_COUNTS: dict[tuple[torch.Tensor, torch.Tensor, int], int] = {}
+
+
 def dream_count(mask_count: int, t: torch.Tensor, s: torch.Tensor, last: bool) -> int:
     """Dream's transfer count for one row: ``int(masks * (1 - s / t))`` with ``masks`` a float32
     tensor as Dream has it, everything at the last step. The product is taken in numpy scalars of
     the same dtypes (IEEE arithmetic, the same promotion: the same bits), with no torch op per
-    row and step."""
+    row and step, once per ``(t, s, masks)``: later calls look it up (the key holds the tensors,
+    which hash by identity, so an entry is never served for other tensors)."""
     if last:
         return int(mask_count)
-    return int(np.float32(mask_count) * _transfer_factor(t, s))
+    key = (t, s, mask_count)
+    count = _DREAM_COUNTS.get(key)
+    if count is None:
+        if len(_DREAM_COUNTS) >= 65536:
+            _DREAM_COUNTS.clear()
+        count = _DREAM_COUNTS[key] = int(np.float32(mask_count) * _transfer_factor(t, s))
+    return count

@@ -45,6 +45,10 @@ class WindowState:
         """A copy of every request's length (host ints)."""
         return list(self._host)
 
+    def lengths_of(self, rows: list[int]) -> tuple[int, ...]:
+        """The lengths of ``rows``' windows as a tuple (a key part: the host decides on them)."""
+        return tuple(map(self._host.__getitem__, rows))
+
     def longest(self, rows: list[int] | None = None) -> int:
         """The longest window among ``rows`` (default: every request)."""
         return max(self._host) if rows is None else max(self._host[r] for r in rows)
@@ -108,6 +112,12 @@ class MaskCounts:
         first, last = start // self.block, (stop - 1) // self.block
         return sum(self._counts[b][first: last + 1]) if stop > start else 0
 
+    def window_left(self, rows: list[int]) -> list[int]:
+        """Masks left in each of ``rows``' whole windows (``left(b)`` per row, in one call)."""
+        if self._cells == 1:
+            return [self._counts[b][0] for b in rows]
+        return [sum(self._counts[b]) for b in rows]
+
     def commit(self, b: int, block_start: int, k: int) -> int:
         """A step asked for ``k`` commits in the block starting at ``block_start``: returns how many
         it made (``min(k, masks left there)``)."""
@@ -122,6 +132,15 @@ class MaskCounts:
         if self._cells != 1:
             raise ValueError("set_left counts a whole window; this one has several blocks")
         self._counts[b][0] = int(n)
+
+    def set_window_left(self, rows: list[int], counts: list[int]) -> None:
+        """:meth:`set_left` for each of ``rows`` (one block: Dream), ``counts`` in the same order."""
+        if self._cells != 1:
+            raise ValueError("set_window_left counts a whole window; this one has several blocks")
+        if len(rows) != len(counts):
+            raise ValueError(f"counts: one per row ({len(rows)}), got {len(counts)}")
+        for b, n in zip(rows, counts):
+            self._counts[b][0] = int(n)
 
     def set_block_left(self, b: int, block_start: int, n: int) -> None:
         """Request ``b`` has ``n`` masks left in the block starting at ``block_start``, as counted

@@ -80,8 +80,8 @@ class RoutedExecution(DecodePolicy):
     def execute(self, run: DecodeRun, rows: list[int], step: int) -> torch.Tensor | None:
         if run.window.cut_pending:
             return None  # Seer's step 0 (the cut happens inside it) runs padded
-        lengths = [run.window[r] for r in rows]
-        route = self.router.route(lengths)
+        lengths = run.window.lengths_of(rows)
+        route = self.router.route(lengths, check=False)
         self.stats.add(route)
         if route.path == PATH_STATIC and not self._padded_only and self._graphable(run):
             logits = self._forward_static_graph(run, rows, step, route)
@@ -106,8 +106,7 @@ class RoutedExecution(DecodePolicy):
 
     # -- packed groups ---------------------------------------------------------------------------
     def _packed_group(self, run: DecodeRun, rows: list[int], route: Route) -> PackedGroup:
-        key = (tuple(rows), tuple(run.window[r] for r in rows), route.path,
-               None if route.key is None else route.key.length)
+        key = (tuple(rows), run.window.lengths_of(rows), route.path, None if route.key is None else route.key.length)
         if self._group is None or self._group[0] != key:
             self._group = (key, self._build_packed(run, rows, route))
         return self._group[1]
@@ -188,8 +187,9 @@ class RoutedExecution(DecodePolicy):
         """A packed group's forward, planned: ``(group, Forward, compute)``, ``compute()`` its
         device work returning the window logits ``[R, max length, V]``."""
         pg = self._packed_group(run, rows, route)
-        fwd = Forward(rows, run.row_index(rows), step, max(run.window[r] for r in rows), layout=pg.layout,
-                      positions=pg.capacity, prompt_fed=not run.prefix_cache, lengths=[run.window[r] for r in rows])
+        lengths = run.window.lengths_of(rows)
+        fwd = Forward(rows, run.row_index(rows), step, max(lengths), layout=pg.layout, positions=pg.capacity,
+                      prompt_fed=not run.prefix_cache, lengths=list(lengths))
         if run.prefix_cache:
             fwd.prefix = run.prefix_rows(rows)
 
@@ -214,7 +214,7 @@ class RoutedExecution(DecodePolicy):
         and padded-only runs: :meth:`execute` runs them and the engine samples."""
         if run.window.cut_pending or self._padded_only:
             return False
-        route = self.router.route([run.window[r] for r in rows])
+        route = self.router.route(run.window.lengths_of(rows), check=False)
         if route.path == PATH_STATIC:
             return False
         self.stats.add(route)

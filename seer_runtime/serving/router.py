@@ -187,17 +187,25 @@ class Router:
         self._key_set = frozenset(self._keys)
         self._routes: dict[tuple[int, ...], Route] = {}  # route's memo: a decode re-routes the same lengths
 
-    def route(self, lengths: Sequence[int]) -> Route:
+    def route(self, lengths: Sequence[int], *, check: bool = True) -> Route:
         """Route the batch's rows, one group, by the rule in the module docstring.
 
         Args:
             lengths: ``L*`` per row, ints ``>= 0`` (a list, tuple, or a 1-D int tensor - read on
                 the host, which synchronises a CUDA tensor). ``1 <= len <= max batch bucket``
                 and ``<= 1024`` (``slice_repack``'s largest group).
+            check: validate ``lengths`` on every call (default). False: a tuple of host ints the
+                caller built itself (the engine's window lengths, every decode step) is looked up
+                in the memo of earlier routes first and validated only when it is new; anything
+                else wrong is then undefined behaviour.
 
         Returns:
             The :class:`Route` of rows ``0..len-1``.
         """
+        if not check and type(lengths) is tuple:
+            route = self._routes.get(lengths)
+            if route is not None:
+                return route
         lens = self._check_lengths(lengths)
         if len(lens) > self.batch.max:
             raise ValueError(

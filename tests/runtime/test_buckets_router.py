@@ -430,3 +430,18 @@ def test_route_remembers_a_bounded_number_of_length_tuples(monkeypatch):
         router.route([n, 64])
     assert len(router._routes) == 3 and (5, 60, 17) not in router._routes
     assert router.route([5, 60, 17]) == first
+
+
+def test_unchecked_route_looks_up_the_memo_first_and_validates_what_is_new():
+    """``check=False`` (the engine's window lengths, every step): a remembered tuple is served from
+    the memo without validating it again; a new one is validated as ever, and its route is the
+    checked call's."""
+    router = Router(RouterConfig.for_window(64, max_batch=8))
+    first = router.route((5, 60, 17), check=False)
+    assert first == router.route([5, 60, 17]) and router.route((5, 60, 17), check=False) is first
+    with pytest.raises(ValueError, match=r"lengths\[1\] must be >= 0"):
+        router.route((3, -1), check=False)
+    with pytest.raises(ValueError, match="lengths is empty"):
+        router.route((), check=False)
+    with pytest.raises(TypeError, match=r"lengths\[0\] must be an int"):
+        router.route((3.0,), check=False)
