@@ -210,13 +210,26 @@ class RoutedExecution(DecodePolicy):
 
     def execute_and_choose(self, run: DecodeRun, rows: list[int], step: int, choice: StepChoice) -> bool:
         """A packed group (varlen or eager route) with the step's token choice in its graph unit;
-        False for a static group (the graph cache's unit holds the forward alone), Seer's step 0
-        and padded-only runs: :meth:`execute` runs them and the engine samples."""
+        a static group through the graph cache, its choice in a graph of its own that reads the
+        cache's static logits where they lie. False for Seer's step 0, padded-only runs and a
+        static group without the graph cache: :meth:`execute` runs them and the engine samples."""
         if run.window.cut_pending or self._padded_only:
             return False
-        route = self.router.route(run.window.lengths_of(rows), check=False)
+        lengths = run.window.lengths_of(rows)
+        route = self.router.route(lengths, check=False)
         if route.path == PATH_STATIC:
-            return False
+            if not self._graphable(run):
+                return False
+            self.stats.add(route)
+            logits = self._forward_static_graph(run, rows, step, route, copy=False)[:, : max(lengths)]
+            # keyed by the graph that wrote the logits too: a key the cache captures again may move
+            # them; an eager cache's logits are new tensors each time (no graph may read them)
+            number = self._graphs.capture_number(route.key)
+            key = None if number is None else ("static+chosen", *choice.detail, tuple(rows), lengths, route.key, number)
+            with prange("sample"):
+                result = run.run_keyed(key, rows, lambda: choice.choose(logits))
+            choice.commit(result)
+            return True
         self.stats.add(route)
         pg, fwd, compute = self._packed_forward(run, rows, step, route)
         key = run.forward_key(fwd, "packed", route.path, pg.capacity, *choice.detail)
@@ -264,28 +277,40 @@ class RoutedExecution(DecodePolicy):
         self._graphs = GraphCache(step_logits, specs, keys, device=run.device, backend=self.graph_backend)
         return self._graphs
 
-    def _forward_static_graph(self, run: DecodeRun, rows: list[int], step: int, route: Route) -> torch.Tensor:
+    def _forward_static_graph(self, run: DecodeRun, rows: list[int], step: int, route: Route, *,
+                              copy: bool = True) -> torch.Tensor:
+        """The window logits ``[R, bucket length, V]`` of a static group from the graph cache: a copy,
+        or with ``copy=False`` the cache's static output itself (the next replay of the key
+        overwrites it)."""
         cache = self._static_cache(run)
         key, width = route.key, route.key.length
         index = run.row_index(rows)
-        layout_id = (tuple(rows), key)
-        if self._graph_layout != layout_id:  # the group's prefix K/V: written once per layout
+        layout_id = (tuple(rows), run.window.lengths_of(rows), key)
+        if self._graph_layout is None or self._graph_layout[0] != layout_id:
+            # what stays while the rows, their windows and the key do (one group per step: nothing
+            # else writes these buffers in between): the group's prefix K/V, positions, key mask,
+            # the padding of every buffer; a step writes its window ids alone
             prefix = run.prefix_rows(rows)
-            cache.write(key, {**{f"k{i}": prefix.keys[i] for i in range(run.num_layers)},
-                              **{f"v{i}": prefix.values[i] for i in range(run.num_layers)}})
-            self._graph_layout = layout_id
-        live = run.window.live_mask(index, width)
-        prompt_keys = run.prefix.key_mask[index] if run.prefix.key_mask is not None else torch.ones(
-            len(rows), run.prompt_len, dtype=torch.bool, device=run.device)
-        ids = torch.where(live, run.tokens[index, :width], torch.full_like(live, run.token_ids.pad, dtype=torch.long))
-        inputs = {"ids": ids, "positions": run.positions[index, run.prompt_len: run.prompt_len + width],
-                  "key_mask": torch.cat([prompt_keys, live], dim=1)}
-        logits = cache.run(key, inputs, narrow=len(rows))
+            live = run.window.live_mask(index, width)
+            prompt_keys = run.prefix.key_mask[index] if run.prefix.key_mask is not None else torch.ones(
+                len(rows), run.prompt_len, dtype=torch.bool, device=run.device)
+            pad = torch.full((), run.token_ids.pad, dtype=torch.long, device=run.device)
+            views = cache.write(key, {
+                **{f"k{i}": prefix.keys[i] for i in range(run.num_layers)},
+                **{f"v{i}": prefix.values[i] for i in range(run.num_layers)},
+                "ids": torch.where(live, run.tokens[index, :width], pad),
+                "positions": run.positions[index, run.prompt_len: run.prompt_len + width],
+                "key_mask": torch.cat([prompt_keys, live], dim=1)})
+            self._graph_layout = (layout_id, live, pad, views["ids"][: len(rows), :width])
+        else:  # the same layout: this step's window ids into the ids buffer, nothing else
+            _, live, pad, ids = self._graph_layout
+            torch.where(live, run.tokens[index, :width], pad, out=ids)
+        logits = cache.run(key, narrow=len(rows))
         run.stats.tokens_computed += key.batch * width * run.num_layers
         for r in rows:
             run.tokens_per_request[r] += run.window[r] * run.num_layers
         run.stats.nfe += 1
-        return logits.clone()
+        return logits.clone() if copy else logits
 
 
 def _exclusive_cumsum(values: list[int]) -> list[int]:

@@ -410,6 +410,7 @@ class _Entry:
     outputs: Any
     views: dict[str, torch.Tensor]
     pointers: dict[str, int] = field(default_factory=dict)
+    capture: int = 0  # which capture of this cache made it (1, 2, ...)
 
 
 class GraphCache:
@@ -501,6 +502,8 @@ class GraphCache:
         self.counters = GraphCacheCounters()
         self._graphs: OrderedDict[Any, _Entry] = OrderedDict()
         self._pool = None
+        self._views: dict[Any, dict[str, torch.Tensor]] = {}  # views() per key, made once
+        self._replay_ranges: dict[Any, str] = {}  # each key's NVTX range name, formatted once
         self.buffers: dict[str, torch.Tensor] = {}
         for name, spec in self.specs.items():
             shape = tuple(max(dims) for dims in zip(*(spec.shape(k) for k in self.keys)))
@@ -518,19 +521,30 @@ class GraphCache:
         """Whether a graph for ``key`` is captured now."""
         return key in self._graphs
 
+    def capture_number(self, key: Any) -> int | None:
+        """Which capture of this cache made ``key``'s graph (1 for the first), None when none is
+        held: the static outputs :meth:`run` returns keep their addresses while it stays the same,
+        so work that reads them in a graph of its own can be keyed by it."""
+        entry = self._graphs.get(key)
+        return None if entry is None else entry.capture
+
     def captured_keys(self) -> list[Any]:
         """Captured keys, least recently used first."""
         return list(self._graphs)
 
     def views(self, key: Any) -> dict[str, torch.Tensor]:
         """The buffers' views for ``key`` (what ``fn`` receives); writing into them is how a
-        caller that lays out inputs itself (e.g. ``slice_repack(out=...)``) feeds the graph."""
-        self._check_key(key)
-        out = {}
-        for name, spec in self.specs.items():
-            shape = spec.shape(key)
-            out[name] = self.buffers[name][tuple(slice(0, s) for s in shape)]
-        return out
+        caller that lays out inputs itself (e.g. ``slice_repack(out=...)``) feeds the graph.
+        The views are made once per key (the buffers never move); each call returns a new dict."""
+        views = self._views.get(key)
+        if views is None:
+            self._check_key(key)
+            views = self._views[key] = self._slice_buffers(key)
+        return dict(views)
+
+    def _slice_buffers(self, key: Any) -> dict[str, torch.Tensor]:
+        return {name: self.buffers[name][tuple(slice(0, s) for s in spec.shape(key))]
+                for name, spec in self.specs.items()}
 
     def _check_key(self, key: Any) -> None:
         if key not in self._key_set:
@@ -629,7 +643,7 @@ class GraphCache:
                 ) from exc
             backend.synchronize()
         _map_tensors(lambda t: t, outputs)  # raises TypeError for non-tensor outputs
-        entry = _Entry(handle, outputs, views)
+        entry = _Entry(handle, outputs, views, capture=self.counters.captures + 1)
         if self.debug:
             entry.pointers = {name: v.data_ptr() for name, v in views.items()}
         self._graphs[key] = entry
@@ -680,7 +694,10 @@ class GraphCache:
                 self._graphs.move_to_end(key)
             if self.debug:
                 self._check_pointers(key, entry)
-            with prange(f"graph/replay[{key}]"):
+            name = self._replay_ranges.get(key)
+            if name is None:
+                name = self._replay_ranges[key] = f"graph/replay[{key}]"
+            with prange(name):
                 self.backend.replay(entry.handle)
             self.counters.replays += 1
             outputs = entry.outputs
@@ -695,7 +712,7 @@ class GraphCache:
         return outputs
 
     def _check_pointers(self, key: Any, entry: _Entry) -> None:
-        now = self.views(key)
+        now = self._slice_buffers(key)  # the buffers as bound now (views() keeps the first ones)
         moved = [name for name, ptr in entry.pointers.items() if now[name].data_ptr() != ptr]
         if moved:
             raise RuntimeError(

@@ -41,7 +41,7 @@ def modes(model):
         "dyllm:partial": (gen, {"dyllm": DyLLMConfig(tau=0.999, full_steps=2, prompt_period=3)}),
         "dyllm:exact": (gen, {"dyllm": DyLLMConfig(tau=0.999, full_steps=2, approx_attention=False)}),
         "seer+dyllm": (gen, {"seer": SeerConfig(**seer), "dyllm": DyLLMConfig(tau=0.999, full_steps=2)}),
-        "cut+router:static": (gen.replace(prefix_cache=True), {"policies": [OracleCut([11, 12, 9, 12])],
+        "cut+router:static": (gen.replace(prefix_cache=True), {"policies": [OracleCut([16, 16, 15, 16])],
                                                               "router": router, "graphs": "fake"}),
         "cut+router:packed": (gen, {"policies": [OracleCut([2, 16, 9, 5])], "router": router}),
         "cut+router:packed+cache": (gen.replace(prefix_cache=True), {"policies": [OracleCut([2, 16, 9, 5])],
