@@ -13,9 +13,11 @@ Per mode:
 * ``ops/layer-step`` - ops dispatched inside the layer loop per layer;
 * ``ops/step`` - ops dispatched per step outside the layer loop;
 * with graphs (the recording backend: a CUDA graph's semantics on the CPU), ``host us/replayed
-  step``: a step's wall time minus the time its replay took, median (p10-p90) over the steps whose
-  every forward replayed (the host's own work per step once forwards replay; the replay itself is
-  the GPU's; a step that also ran a forward eagerly or captured one is not counted).
+  step``: a step's wall time minus the time its replays took (the step graphs' ``graph/replay``
+  and the router's graph cache's ``graph/replay[key]``), median (p10-p90) over the steps whose
+  every graph unit replayed (the host's own work per step once forwards replay; the replay itself
+  is the GPU's; a step that also ran a forward's layers on the host, captured a unit or ran one
+  eagerly at its first sight, ``graph/capture`` / ``graph/eager``, is not counted).
   On the CPU the replay re-runs every recorded op in Python, which costs the host and leaves its
   caches cold for the code after it; the ``played back`` rows (:class:`PlaybackGraphBackend`)
   run the same decode a second time with replays that write back what the first run's replays
@@ -122,6 +124,7 @@ class HostMeter:
         self.step_s, self.layers_s, self.loops = [], [], 0
         self.replay_s: list[float] = []  # per step: seconds spent replaying (0.0: no replay)
         self.step_loops: list[int] = []  # per step: layer loops run on the host (eager or captured forwards)
+        self.step_unreplayed: list[int] = []  # per step: graph units captured or run eagerly at their first sight
         self.ops = {"layers": 0, "step": 0, "other": 0}
         self.where = "other"
         self._t = {}
@@ -131,6 +134,8 @@ class HostMeter:
         return time.perf_counter() - self.clock.total
 
     def enter(self, name):
+        if name.startswith(("graph/capture", "graph/eager")) and self.step_unreplayed:
+            self.step_unreplayed[-1] += 1
         if name.startswith("graph/replay"):  # the step graphs' "graph/replay", the graph cache's "graph/replay[key]"
             name = "graph/replay"
         if name in ("step", "layers", "graph/replay"):
@@ -138,6 +143,7 @@ class HostMeter:
             if name == "step":
                 self.replay_s.append(0.0)
                 self.step_loops.append(0)
+                self.step_unreplayed.append(0)
             if name != "graph/replay":
                 self.where = name
             if name == "layers":
@@ -175,12 +181,17 @@ class PlaybackGraphBackend(RecordingGraphBackend):
         self.recording = tape is None
         self.tape = [] if tape is None else tape
         self._position = 0
-        self._written: dict[int, list[torch.Tensor]] = {}
+        self._written: dict[int, tuple[object, list[torch.Tensor]]] = {}  # per handle (kept: ids stay unique)
+
+    def capture(self, fn, pool, key):
+        handle, outputs = super().capture(fn, pool, key)
+        # what its replays will write, found now: a step that captures is not timed, one that
+        # replays is (walking the recorded ops at the first replay charged the harness to it)
+        self._written[id(handle)] = (handle, _visible_writes(handle))
+        return handle, outputs
 
     def replay(self, handle) -> None:
-        written = self._written.get(id(handle))
-        if written is None:
-            written = self._written[id(handle)] = _visible_writes(handle)
+        _, written = self._written[id(handle)]
         if self.recording:
             super().replay(handle)
             self.tape.append((handle.key, [w.clone() for w in written]))
@@ -315,8 +326,9 @@ def measure(model, family: str, name: str, kw: dict, repeats: int) -> dict:
     layers = model.num_layers
     step_s = statistics.median([s for m in timed for s in m.step_s[1:]])  # step 0 probes and cuts
     loops = [s for m in timed for s in m.layers_s[1:]]
-    replayed = [s - r for m in timed for s, r, n in zip(m.step_s[1:], m.replay_s[1:], m.step_loops[1:])
-                if r > 0 and n == 0]  # every forward of the step replayed
+    replayed = [s - r for m in timed
+                for s, r, n, u in zip(m.step_s[1:], m.replay_s[1:], m.step_loops[1:], m.step_unreplayed[1:])
+                if r > 0 and n == 0 and u == 0]  # every graph unit of the step replayed
     return {"mode": name, "us_step": 1e6 * step_s,
             "us_layer_step": 1e6 * statistics.median(loops) / layers if loops else None,
             "us_replayed_step": 1e6 * statistics.median(replayed) if replayed else None,

@@ -6,7 +6,9 @@ or ``torch.cuda.nvtx`` when that package is absent; ``SEER_PROFILE=torch`` uses
 ``nullcontext``. The choice is made once, at the first call.
 
 Range names: ``generate``, ``embed``, ``prefill``, ``step``, ``forward``, ``layers`` (one
-forward's layer loop), ``sample``, ``graph/capture[...]``, ``graph/replay[...]``. Keep them out
+forward's layer loop), ``sample``, ``graph/capture[...]``, ``graph/replay[...]`` (the router's
+graph cache, per key), ``graph/capture``, ``graph/replay`` and ``graph/eager`` (the step graphs:
+a keyed unit captured, replayed, or run eagerly at its first sight). Keep them out
 of CUDA-graph captures (a range inside a capture is recorded once, not per replay).
 :func:`observe` lets a tool see the ranges too (``sync_audit`` counts syncs per range).
 """
