@@ -877,13 +877,11 @@ class DecodeRun:
 
     # -- the loop -----------------------------------------------------------------------------
     def active_rows(self, step: int) -> list[int]:
-        rows = []
-        for b in range(self.batch_size):
-            plan = self.plans[b]
+        rows, skips_finished, masks = [], self.rules.skips_finished_blocks, self.window.masks
+        for b, plan in enumerate(self.plans):
             if step >= plan.steps:
                 continue
-            if self.rules.skips_finished_blocks and not self.window.masks.left(b, plan.block_starts[step],
-                                                                                 plan.block_ends[step]):
+            if skips_finished and not masks.left(b, plan.block_starts[step], plan.block_ends[step]):
                 continue
             rows.append(b)
         return rows

@@ -51,7 +51,7 @@ class WindowState:
 
     def longest(self, rows: list[int] | None = None) -> int:
         """The longest window among ``rows`` (default: every request)."""
-        return max(self._host) if rows is None else max(self._host[r] for r in rows)
+        return max(self._host) if rows is None else max(map(self._host.__getitem__, rows))
 
     def set(self, b: int, length: int) -> None:
         """Request ``b`` keeps ``length`` positions, ``1 <= length <= width``."""
