@@ -175,6 +175,17 @@ def _map_tensors(fn: Callable[[torch.Tensor], Any], obj: Any) -> Any:
     raise TypeError(f"fn must return a tensor or a tuple/list/dict of tensors, got {type(obj).__name__}")
 
 
+def _narrow_outputs(outputs: Any, narrow: int) -> Any:
+    """Every output tensor's first ``narrow`` entries along dim 0 (views)."""
+
+    def cut(t: torch.Tensor) -> torch.Tensor:
+        if t.dim() == 0 or narrow > t.shape[0]:
+            raise ValueError(f"narrow={narrow} exceeds an output of shape {tuple(t.shape)}")
+        return t[:narrow]
+
+    return _map_tensors(cut, outputs)
+
+
 def _copy_into(static: Any, fresh: Any) -> None:
     """Copy ``fresh`` outputs into ``static`` ones of the same structure and shapes."""
     if isinstance(static, torch.Tensor):
@@ -411,6 +422,7 @@ class _Entry:
     views: dict[str, torch.Tensor]
     pointers: dict[str, int] = field(default_factory=dict)
     capture: int = 0  # which capture of this cache made it (1, 2, ...)
+    narrowed: dict[int, Any] = field(default_factory=dict)  # narrow -> the outputs' leading views
 
 
 class GraphCache:
@@ -701,14 +713,13 @@ class GraphCache:
                 self.backend.replay(entry.handle)
             self.counters.replays += 1
             outputs = entry.outputs
+            if narrow is not None:  # the static outputs' views, made once per narrow
+                narrowed = entry.narrowed.get(narrow)
+                if narrowed is None:
+                    narrowed = entry.narrowed[narrow] = _narrow_outputs(outputs, narrow)
+                return narrowed
         if narrow is not None:
-
-            def cut(t: torch.Tensor) -> torch.Tensor:
-                if t.dim() == 0 or narrow > t.shape[0]:
-                    raise ValueError(f"narrow={narrow} exceeds an output of shape {tuple(t.shape)}")
-                return t[:narrow]
-
-            outputs = _map_tensors(cut, outputs)
+            outputs = _narrow_outputs(outputs, narrow)
         return outputs
 
     def _check_pointers(self, key: Any, entry: _Entry) -> None:

@@ -147,10 +147,22 @@ def test_run_replays_and_outputs_are_correct_static_slices():
     assert torch.equal(out["y"][:3, :5], x2["ids"] * 2 + x2["positions"])
     assert torch.equal(out2["h"][:, :5], x2["hidden"].sum(-1))
     assert fake.replayed == [key, key] and fake.captured == [key]
+    # the narrowed views are made once per key and narrow, and see every later replay
+    x3 = inputs(3, 5, seed=3)
+    out3 = cache.run(key, x3, narrow=3)
+    assert out3["y"] is out2["y"] and torch.equal(out3["y"][:, :5], x3["ids"] * 2 + x3["positions"])
     with pytest.raises(ValueError, match="narrow=5 exceeds"):
+        cache.run(key, x2, narrow=5)
+    with pytest.raises(ValueError, match="narrow=5 exceeds"):  # a failed narrow is not remembered
         cache.run(key, x2, narrow=5)
     with pytest.raises(ValueError, match="narrow must be"):
         cache.run(key, x2, narrow=-1)
+    # a recaptured key's narrowed views are the new capture's
+    cache.clear()
+    out4 = cache.run(key, x3, narrow=3)
+    assert fake.captured == [key, key]
+    assert out4["y"] is not out3["y"] and out4["y"].data_ptr() == cache.run(key, x3)["y"].data_ptr()
+    assert torch.equal(out4["y"][:, :5], x3["ids"] * 2 + x3["positions"])
 
 
 def test_padding_gets_benign_values_every_replay():
@@ -404,3 +416,41 @@ def test_cuda_graph_capture_and_replay():
         full = cache.run(key)
         assert not bool(torch.isnan(full).any())
     assert cache.counters.replays == 6 and cache.counters.captures == 4
+
+
+def test_observers_see_every_range_once_in_order_also_on_errors(monkeypatch):
+    """profiling.observe: enter before the profiler's range, exit after it, also when the block or
+    the profiler's own enter raises."""
+    from seer_runtime import profiling
+
+    events = []
+
+    class Recorder:
+        def enter(self, name):
+            events.append(("enter", name))
+
+        def exit(self, name):
+            events.append(("exit", name))
+
+    with profiling.observe(Recorder()):
+        with profiling.prange("outer"):
+            with pytest.raises(KeyError):
+                with profiling.prange("inner"):
+                    raise KeyError("in the range")
+    assert events == [("enter", "outer"), ("enter", "inner"), ("exit", "inner"), ("exit", "outer")]
+
+    class Failing:
+        def __enter__(self):
+            events.append(("profiler enter", None))
+            raise RuntimeError("profiler down")
+
+        def __exit__(self, *exc):
+            raise AssertionError("not entered: no exit")
+
+    monkeypatch.setattr(profiling, "_factory", lambda name: Failing())
+    events.clear()
+    with profiling.observe(Recorder()):
+        with pytest.raises(RuntimeError, match="profiler down"):
+            with profiling.prange("x"):
+                pass
+    assert events == [("enter", "x"), ("profiler enter", None), ("exit", "x")]
