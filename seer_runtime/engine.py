@@ -238,6 +238,10 @@ class DecodeRun:
         # masks left after a step, read at its end: (rows, counts, block starts) of the blocks a
         # threshold step worked in, or with block starts None of the whole window (Dream)
         self._masks_read: tuple[list[int], torch.Tensor, list[int] | None] | None = None
+        # a Dream step's commit count per row with tie_break="stable" (int64 [B], made at the first
+        # such step; its graph reads them here) and what was last written (:meth:`step_choice`)
+        self._dream_row_counts: torch.Tensor | None = None
+        self._dream_row_counts_written: tuple[int, ...] | None = None
         self.graphs = ForwardGraphs(resolve_backend(graphs, self.device))
         self._charges: dict[tuple, tuple[int, int, list[int]]] = {}  # per graph key: what a forward charges
         self.step_values: dict[str, list[int]] = {}
@@ -395,18 +399,31 @@ class DecodeRun:
     def step_choice(self, rows: list[int], step: int) -> StepChoice | None:
         """The token choice of ``rows`` at ``step`` as device work with fixed shapes, when it is a
         function of the logits and the host's plan alone: LLaDA greedy (no temperature, no random
-        remasking), Dream as :meth:`_dream_static_count` allows; None otherwise."""
+        remasking), Dream as :meth:`_dream_static_counts` allows; None otherwise. With
+        ``tie_break="stable"`` a Dream step reads its rows' counts from a buffer written here (only
+        when they change), so its graph key holds no count: one graph serves every step of a
+        layout, rows committing different numbers of positions included."""
         g = self.gen
         if self.rules.family != "llada":
-            k = self._dream_static_count(rows, step)
-            if k is None:
+            counts = self._dream_static_counts(rows, step)
+            if counts is None:
                 return None
+            k = counts[0]
+            if g.tie_break == "stable":
+                k = None  # each row's count, from the buffer
+                written = tuple(counts)
+                if self._dream_row_counts is None:
+                    self._dream_row_counts = torch.zeros(self.batch_size, dtype=torch.long, device=self.device)
+                if written != self._dream_row_counts_written:
+                    self._dream_row_counts[: len(rows)].copy_(self.device_tensor(counts))
+                    self._dream_row_counts_written = written
 
             def dream_left(left: torch.Tensor) -> None:  # the masks left are read at the step's end
                 self._masks_read = (rows, left, None)
                 self.window.masks.pending = True
 
-            return StepChoice(("dream", k), lambda logits: self._choose_dream(rows, logits, k), dream_left)
+            return StepChoice(("dream", "per-row" if k is None else k),
+                              lambda logits: self._choose_dream(rows, logits, k), dream_left)
         if g.temperature > 0 or g.remasking == "random":
             return None
         plans = [self.plans[r] for r in rows]
@@ -618,25 +635,30 @@ class DecodeRun:
             counts.append(min(int(k), left))
         return counts
 
-    def _dream_static_count(self, rows: list[int], step: int) -> int | None:
-        """The one commit count of every row at ``step`` when Dream's choice of tokens is a
-        function of the logits and that count alone, with fixed shapes: greedy tokens (no
-        temperature, no ``alg_temp`` draw), ranked by confidence (not ``origin``), no threshold,
-        the same count for every row, and a ranking of the whole row (``tie_break="stable"``, or
-        a family that ranks every position); None otherwise (:meth:`_sample_dream` runs)."""
+    def _dream_static_counts(self, rows: list[int], step: int) -> list[int] | None:
+        """Each row's commit count at ``step`` when Dream's choice of tokens is a function of the
+        logits and those counts alone, with fixed shapes: greedy tokens (no temperature, no
+        ``alg_temp`` draw), ranked by confidence (not ``origin``), no threshold, and either the
+        leftmost among equals (``tie_break="stable"``: any counts, one sort of each whole row) or
+        ``torch.topk``'s ties over the whole row (a family that ranks every position) with the
+        same count for every row; None otherwise (:meth:`_sample_dream` runs)."""
         g = self.gen
         if (g.temperature > 0 or g.alg == "origin" or g.threshold is not None
                 or (g.alg_temp is not None and g.alg_temp > 0)
                 or (g.tie_break != "stable" and self.rules.ranks_masked_only)):
             return None
-        counts = set(self._dream_counts(rows, step, self.window.masks.window_left(rows)))
-        return counts.pop() if len(counts) == 1 else None
+        counts = self._dream_counts(rows, step, self.window.masks.window_left(rows))
+        if g.tie_break != "stable" and any(c != counts[0] for c in counts):
+            return None  # topk per row, each with its own ties
+        return counts
 
-    def _choose_dream(self, rows: list[int], logits: torch.Tensor, k: int) -> torch.Tensor:
+    def _choose_dream(self, rows: list[int], logits: torch.Tensor, k: int | None) -> torch.Tensor:
         """Commit Dream's ``k`` most confident masked positions of each row into ``self.tokens``
         with fixed shapes (device work only: every position's token and confidence, the masked
         ones ranked; what :meth:`_sample_dream` commits, bitwise, where
-        :meth:`_dream_static_count` allows: every op works per row). Scoring every position
+        :meth:`_dream_static_counts` allows: every op works per row). ``k`` None
+        (``tie_break="stable"``): row ``i`` commits ``self._dream_row_counts[i]`` (written by
+        :meth:`step_choice`), its positions ranked by one stable sort of the row. Scoring every position
         rather than the masked ones costs ``R x width`` rows of the vocabulary each step where
         the eager path's cost shrinks with the masks left. Returns each row's masks left (int64
         ``[R]``)."""
@@ -644,7 +666,7 @@ class DecodeRun:
         R, width = logits.shape[0], logits.shape[1]
         index = self.row_index(rows)
         window = self.tokens[index, :width]
-        if k > 0:
+        if k is None or k > 0:
             masked = self.masked(rows, width)
             kind = DREAM_CONFIDENCE[g.alg]
             conf, x0 = dream_sample_tokens(logits.reshape(R * width, -1), temperature=0.0, top_p=g.top_p,
@@ -652,13 +674,16 @@ class DecodeRun:
                                            row_ids=rows)
             full_conf = torch.where(masked, conf.view(R, width).to(logits.dtype), NEG_INF)
             candidate = torch.where(masked, x0.view(R, width), window)
-            if g.tie_break == "stable":
-                sel = torch.sort(full_conf, dim=1, descending=True, stable=True).indices[:, :k]
+            if k is None:  # each row's own count: the positions whose rank in the row is below it
+                order = torch.sort(full_conf, dim=1, descending=True, stable=True).indices
+                rank = torch.empty_like(order).scatter_(
+                    1, order, torch.arange(width, device=order.device).expand(R, width))
+                window = torch.where(rank < self._dream_row_counts[:R, None], candidate, window)
             else:  # Dream ranks the whole [B, prompt + window] confidence matrix in one call
                 pad, _ = self.reference_layout(rows, width)
                 vec = torch.cat([full_conf.new_full((R, pad), NEG_INF), full_conf], dim=1) if pad else full_conf
                 sel = torch.topk(vec, k, dim=-1).indices - pad
-            window = window.scatter(1, sel, candidate.gather(1, sel))
+                window = window.scatter(1, sel, candidate.gather(1, sel))
             self.tokens[index, :width] = window
         return ((window == self.token_ids.mask) & self.window.live_mask(index, width)).sum(dim=1)
 

@@ -127,9 +127,9 @@ def test_backend_choice():
 
 @pytest.mark.parametrize("kind", ["dream-v0-instruct-7b", "lavida-dream"])
 def test_dream_steps_replay_their_token_choice_with_the_forward(kind):
-    """A greedy Dream step whose rows commit the same number of positions is one graph unit
-    (forward and token choice; ``DecodeRun._choose_dream``): same tokens as eager for every
-    ranking, tie-break and commit count. Where the choice needs a ranking per row (LaViDa-Dream
+    """A greedy Dream step is one graph unit (forward and token choice; ``DecodeRun._choose_dream``)
+    when its rows commit the same number of positions, or with ``tie_break="stable"`` any numbers:
+    same tokens as eager for every ranking, tie-break and commit count. Where the choice needs a ranking per row (LaViDa-Dream
     ranks the masked positions only, with ``torch.topk``'s ties) or a draw, it runs eagerly."""
     model = tiny(kind)
     base = modes(model)["baseline"][0]
@@ -150,6 +150,55 @@ def test_dream_steps_replay_their_token_choice_with_the_forward(kind):
                     assert units and backend.replayed, where
     sampled = _decode(model, base.replace(temperature=0.5), {}, backend := RecordingGraphBackend())
     assert sampled.sequences.shape[0] and not [key for key in backend.captured if key[:2] == ("padded+chosen", "dream")]
+
+
+@pytest.mark.parametrize("kind", ["dream-v0-instruct-7b", "lavida-dream"])
+def test_dream_rows_with_their_own_counts_replay_their_choice(kind, monkeypatch):
+    """Rows cut to different windows commit different numbers of positions at some Dream steps;
+    with ``tie_break="stable"`` such a step is still one graph unit, its counts read from a
+    buffer (no count in the key: one graph per layout), and it decodes the eager tokens, padded
+    and routed. Before, each such step sampled eagerly."""
+    from bench.workloads import OracleCut
+    from seer_runtime.engine import DecodeRun
+
+    steps_seen = {}  # step -> [rows commit different counts, the choice ran Python]
+    current = []
+    counts_of, choose, sample = DecodeRun._dream_static_counts, DecodeRun._choose_dream, DecodeRun._sample_dream
+
+    def watched_counts(self, rows, step):
+        counts = counts_of(self, rows, step)
+        current[:] = [step]
+        steps_seen[step] = [counts is not None and len(set(counts)) > 1, False]
+        return counts
+
+    def ran(method):
+        def run(self, *args, **kwargs):
+            if current:  # (the eager decode chooses no unit: it never asks for the counts)
+                steps_seen[current[0]][1] = True  # a replayed unit runs no Python
+            return method(self, *args, **kwargs)
+        return run
+
+    monkeypatch.setattr(DecodeRun, "_dream_static_counts", watched_counts)
+    monkeypatch.setattr(DecodeRun, "_choose_dream", ran(choose))
+    monkeypatch.setattr(DecodeRun, "_sample_dream", ran(sample))
+    model = tiny(kind)
+    base = modes(model)["baseline"][0]
+    router = modes(model)["cut+router:packed"][1]["router"]
+    replayed_differing = 0
+    for steps in (base.gen_length, base.gen_length // 2, base.gen_length // 4):
+        for cut in ([2, 16, 9, 5], [16, 12, 16, 12]):
+            for extra in ({}, {"router": router}):
+                gen = base.replace(steps=steps)
+                kw = {"policies": [OracleCut(cut)], **extra}
+                eager = _decode(model, gen, kw, None)
+                steps_seen.clear()
+                current.clear()
+                graphed = _decode(model, gen, kw, RecordingGraphBackend())
+                where = f"{kind} steps={steps} cut={cut} {'routed' if extra else 'padded'}"
+                assert torch.equal(eager.sequences, graphed.sequences), where
+                assert (eager.stats.nfe, eager.stats.steps) == (graphed.stats.nfe, graphed.stats.steps), where
+                replayed_differing += sum(differ and not python for differ, python in steps_seen.values())
+    assert replayed_differing >= 4, "steps whose rows commit different counts must replay their choice"
 
 
 @pytest.mark.parametrize("kind", ["llada-8b-instruct", "dream-v0-instruct-7b"])
