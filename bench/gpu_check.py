@@ -4,7 +4,9 @@
    against its torch reference and the CUDA-graph capture of DyLLM's op sequence; with
    ``--only``, the tests of those families (their op markers). Its output streams as it comes.
 2. Each family's timing harness ``run(quick, dry_run)`` (:data:`FAMILIES`): rows (``check``,
-   ``ok``, ``ms``, ``note``; see ``bench/common.py``) are printed as they come.
+   ``ok``, ``ms``, ``note``; see ``bench/common.py``) are printed as they come. The last family,
+   ``sanitizer`` (``bench/sanitize_kernels.py``), runs compute-sanitizer's memcheck and racecheck
+   over every Triton kernel at small shapes.
 
 A short table of every row comes last; the exit status is 1 when the tests or any row failed.
 ``--dry-run`` runs every harness on the CPU at tiny shapes (no tests, no CUDA; the end-to-end
@@ -40,6 +42,7 @@ FAMILIES = {
     ),
     "varlen_kernels": ("bench.bench_varlen_kernels", ("varlen_attention", "slice_repack"), True),
     "end_to_end": ("bench.gpu_end_to_end", (), True),
+    "sanitizer": ("bench.sanitize_kernels", (), True),
 }
 
 

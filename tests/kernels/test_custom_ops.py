@@ -19,8 +19,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 import seer_kernels as sk
+from bench.kernel_calls import TABLES, device_count, kernel_calls
 from seer_kernels import emulate_device, in_kernel, kernel_backend
-from seer_kernels.slice_repack_control import BUFFER_FIELDS, slice_repack_buffers
+from seer_kernels.slice_repack_control import BUFFER_FIELDS
 from seer_runtime.adapter import PackedLayout, PaddedLayout, Taps
 from tests.tiny_models import tiny
 from tests.tolerances import assert_close
@@ -32,59 +33,15 @@ OPS = [
     "gather_rows", "scatter_rows", "partial_attention", "row_linear", "rms_norm", "rotary_embedding", "exchange_rows",
     "row_linear_pair",
 ]  # fmt: skip
-TABLES = dict(micro_buckets=[4, 8], packed_buckets=[8, 16], batch_buckets=[2, 4])
 
 
 def _count(n: int) -> torch.Tensor:
-    return torch.tensor([n], dtype=torch.int32)
+    return device_count(n)
 
 
 def _calls() -> dict:
-    """One call of every public op, ``op -> (function, args, kwargs)``, with device (tensor) counts.
-
-    Small shapes; every host-checked value is valid, so the host path and the device path agree.
-    """
-    g = torch.Generator().manual_seed(0)
-
-    def randn(*shape):
-        return torch.randn(shape, generator=g)
-
-    T, H, d = 9, 2, 8
-    cu = torch.tensor([0, 4, 9], dtype=torch.int32)
-    key_index = torch.tensor([1, 5, 7, -1, -1, -1, -1, -1, -1], dtype=torch.int32)
-    attention = (randn(T, H, d), randn(T, H, d), randn(T, H, d), cu, cu, 5, 5)
-    return {
-        "mlp_sparsity": (sk.mlp_sparsity, (randn(2, 5, 7), 0.3), dict(lengths=torch.tensor([5, 2]))),
-        "swiglu_sparsity": (sk.swiglu_sparsity, (randn(2, 5, 7), randn(2, 5, 7), 0.3),
-                            dict(lengths=torch.tensor([3, 5]))),
-        "snr_boundary": (sk.snr_boundary, (torch.rand(3, 12, generator=g), torch.tensor([12, 7, 0])), {}),
-        "varlen_attention": (sk.varlen_attention, attention, {}),
-        "slice_repack": (sk.slice_repack, (randn(3, 6, 4), torch.tensor([5, 2, 6])),
-                         dict(TABLES, out=_repack_buffers())),
-        "cosine_saliency": (sk.cosine_saliency, (randn(7, 6), randn(7, 6), 0.5), dict(n_rows=_count(6))),
-        "gather_rows": (sk.gather_rows, (randn(6, 5), torch.tensor([4, 0, 2, -1], dtype=torch.int32), _count(3)), {}),
-        "scatter_rows": (sk.scatter_rows, (randn(6, 5), torch.tensor([4, 0, 2, -1]), _count(3), randn(4, 5)), {}),
-        "partial_attention": (
-            sk.partial_attention,
-            (*attention[:3], randn(T, H, d), randn(T, H, d), cu, cu, 5, 5, torch.rand(T, generator=g) < 0.3,
-             key_index, _count(3)),
-            dict(k_old=randn(T, H, d)),
-        ),
-        "row_linear": (sk.row_linear, (randn(6, 5), randn(3, 5), randn(3), _count(4)), {}),
-        "row_linear_pair": (sk.row_linear_pair, (randn(6, 5), randn(3, 5), None, randn(3, 5), randn(3), _count(4)), {}),
-        "exchange_rows": (sk.exchange_rows, (randn(6, 5), torch.tensor([4, 0, 2, -1]), _count(3), randn(4, 5)), {}),
-        "rms_norm": (sk.rms_norm, (randn(6, 5), randn(5), 1e-6),
-                     dict(index=torch.tensor([4, 0, 2, -1], dtype=torch.int32), count=_count(3))),
-        "rotary_embedding": (sk.rotary_embedding, (randn(4, 2, 6), randn(7, 6), randn(7, 6)),
-                             dict(full_precision=True, index=torch.tensor([6, 0, 2, -1], dtype=torch.int32),
-                                  count=_count(3))),
-    }  # fmt: skip
-
-
-def _repack_buffers() -> sk.SliceRepackOutput:
-    out = slice_repack_buffers(batch_cap=4, bucket_cap=8, packed_cap=18, cu_len=4, dtype=torch.float32,
-                               device="cpu", hidden_dim=4)  # fmt: skip
-    return type(out)(*(getattr(out, f).zero_() for f in BUFFER_FIELDS))
+    """One call of every public op (bench/kernel_calls.py), ``op -> (function, args, kwargs)``."""
+    return kernel_calls()
 
 
 def _clone(tree):

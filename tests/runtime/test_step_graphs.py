@@ -127,10 +127,11 @@ def test_backend_choice():
 
 @pytest.mark.parametrize("kind", ["dream-v0-instruct-7b", "lavida-dream"])
 def test_dream_steps_replay_their_token_choice_with_the_forward(kind):
-    """A greedy Dream step is one graph unit (forward and token choice; ``DecodeRun._choose_dream``)
-    when its rows commit the same number of positions, or with ``tie_break="stable"`` any numbers:
-    same tokens as eager for every ranking, tie-break and commit count. Where the choice needs a ranking per row (LaViDa-Dream
-    ranks the masked positions only, with ``torch.topk``'s ties) or a draw, it runs eagerly."""
+    """A greedy Dream step is one graph unit (forward and token choice;
+    ``DecodeRun._choose_dream``) when its rows commit the same number of positions, or with
+    ``tie_break="stable"`` any numbers: same tokens as eager for every ranking, tie-break and
+    commit count. Where the choice needs a ranking per row (LaViDa-Dream ranks the masked
+    positions only, with ``torch.topk``'s ties) or a draw, it runs eagerly."""
     model = tiny(kind)
     base = modes(model)["baseline"][0]
     for alg in ("entropy", "topk_margin", "maskgit_plus"):
