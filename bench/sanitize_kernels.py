@@ -12,7 +12,8 @@ each call followed by a synchronize; one line per call; exit status 1 if a call 
 tensor is past its allocation), one row each: ok when the program exited 0 and the sanitizer
 reports no error and no hazard. A sanitizer that is missing or refuses the device (it does on
 gVisor machines: "Device not supported") gives a row that says it did not run, never a pass.
-Dry run: the calls in this process on the CPU, and the command lines it would run.
+Dry run: the calls in this process on the CPU, and the command lines it would run. Each tool
+gets 180 s (120 with ``--quick``); ``bash bench/gpu_check.sh --only sanitizer`` runs it alone.
 """
 
 from __future__ import annotations
@@ -123,7 +124,7 @@ def run(quick: bool = False, dry_run: bool = False) -> list[dict]:
     sanitizer = sanitizer_path()
     if sanitizer is None:
         return [row(f"compute-sanitizer --tool {tool}", None, "not run: compute-sanitizer not found") for tool in TOOLS]
-    return [sanitize(tool, sanitizer, timeout_s=150 if quick else 240) for tool in TOOLS]
+    return [sanitize(tool, sanitizer, timeout_s=120 if quick else 180) for tool in TOOLS]
 
 
 def main(argv: list[str] | None = None) -> int:
