@@ -40,15 +40,23 @@ import torch
 import model_adapters as ma
 from seer_runtime import DyLLMConfig, GenerationConfig, generate
 
-try:  # the runtime's layout after the redesign
+try:  # the runtime's layout after the engine's split (issue 32)
+    from seer_runtime.graphs import FakeGraphBackend, RecordingGraphBackend
     from seer_runtime.seer import SeerConfig
-    from seer_runtime.serving.graph_cache import FakeGraphBackend
     from seer_runtime.serving.router import RouterConfig
-except ImportError:  # the layout before it (commit 1ed0d9b)
-    from seer_runtime.graph_cache import FakeGraphBackend
-    from seer_runtime.router import RouterConfig
+except ImportError:
+    try:  # the layout from the first redesign to 558b74e
+        from seer_runtime.serving.graph_cache import FakeGraphBackend, RecordingGraphBackend
 
-    from seer_runtime.seer import SeerConfig
+        from seer_runtime.seer import SeerConfig
+        from seer_runtime.serving.router import RouterConfig
+    except ImportError:  # the layout before it (commit 1ed0d9b)
+        from seer_runtime.graph_cache import FakeGraphBackend
+        from seer_runtime.router import RouterConfig
+
+        RecordingGraphBackend = None
+
+        from seer_runtime.seer import SeerConfig
 
 
 def fixed_cut(keep_len: list[int]) -> dict:
@@ -91,6 +99,7 @@ def embedded_modes(only: str | None):
     seer = {p: SeerConfig.from_dict({**shipped.__dict__, "probe": p}) for p in ("sparsity", "eos_prob", "both")}
     seer_extend = SeerConfig.from_dict({**shipped.__dict__, "probe": "sparsity", "guard_mode": "extend"})
     router = RouterConfig.for_window(gen.gen_length, max_batch=16)
+    fast = gen.replace(threshold=0.9)
     modes = {
         "embedded/baseline": {},
         "embedded/seer:sparsity": {"seer": seer["sparsity"]},
@@ -109,6 +118,42 @@ def embedded_modes(only: str | None):
                                                    "gen": gen.replace(prefix_cache=False)},
         "embedded/router": {"router": router},
         "embedded/seer:sparsity+router+dyllm": {"seer": seer["sparsity"], "router": router, "dyllm": dyllm},
+        "embedded/threshold": {"gen": fast},
+        "embedded/seer:eos_prob+threshold": {"seer": seer["eos_prob"], "gen": fast},
+        "embedded/seer:eos_prob+threshold+dyllm": {"seer": seer["eos_prob"], "dyllm": dyllm, "gen": fast},
+        "embedded/threshold+cache:dual": {"gen": fast.replace(block_cache="dual")},
+        "embedded/seer:eos_prob+threshold+cache:dual": {"seer": seer["eos_prob"],
+                                                         "gen": fast.replace(block_cache="dual")},
+        "embedded/graphs:baseline": {"graphs": "recording"},
+        "embedded/graphs:seer:eos_prob+dyllm": {"seer": seer["eos_prob"], "dyllm": dyllm, "graphs": "recording"},
+        "embedded/graphs:seer:eos_prob+threshold": {"seer": seer["eos_prob"], "gen": fast, "graphs": "recording"},
+    }
+    for name, kw in modes.items():
+        if only and only not in name:
+            continue
+        yield name, lambda kw=kw: [
+            summary(_generate(model, batch, kw.get("gen", gen), kw))
+            for batch in _batches(requests, 16, model)
+        ]
+
+
+def arith_modes(only: str | None):
+    """The long-answer workload (text-only LLaDA, 128 positions in blocks of 32) on 32 held-out requests."""
+    from model_adapters.embedded.arith import serving
+
+    model, tokenizer = serving.load_embedded()
+    requests, _ = serving.demo_requests(32, tokenizer)
+    gen = serving.demo_generation_config()
+    seer = serving.default_seer_config()
+    dyllm = serving.default_dyllm_config()
+    fast = gen.replace(threshold=0.9, steps=None)
+    modes = {
+        "arith/baseline": {},
+        "arith/seer": {"seer": seer},
+        "arith/dyllm": {"dyllm": dyllm},
+        "arith/threshold+cache:dual": {"gen": fast.replace(block_cache="dual")},
+        "arith/seer+threshold+cache:dual": {"seer": seer, "gen": fast.replace(block_cache="dual")},
+        "arith/seer+threshold+dyllm:graphs": {"seer": seer, "dyllm": dyllm, "gen": fast, "graphs": "recording"},
     }
     for name, kw in modes.items():
         if only and only not in name:
@@ -125,7 +170,7 @@ def _batches(requests, size, model):
     for start in range(0, len(requests), size):
         part = requests[start: start + size]
         ids, mask = pad_left([r.prompt_ids for r in part], model.token_ids.pad)
-        yield ids, mask, [r.image for r in part]
+        yield ids, mask, [r.image for r in part] if model.is_multimodal else None
 
 
 def _generate(model, batch, gen, kw):
@@ -133,6 +178,8 @@ def _generate(model, batch, gen, kw):
     kw = {k: v for k, v in kw.items() if k != "gen"}
     if kw.get("graphs") == "fake":
         kw["graphs"] = FakeGraphBackend()
+    elif kw.get("graphs") == "recording":  # a CUDA graph's semantics on the CPU
+        kw["graphs"] = RecordingGraphBackend()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         return generate(model, ids, attention_mask=mask, images=images, gen=gen, **kw)
@@ -195,8 +242,36 @@ def tiny_modes(only: str | None):
             "seer+router+dyllm": {"gen": base, "seer": seer_eos, "router": RouterConfig.for_window(16, max_batch=4),
                                   "dyllm": DyLLMConfig(tau=0.999, full_steps=2)},
         }
+        # thresholds at which these random models commit varied numbers of tokens per step
+        threshold = 0.017 if kind == "llada-8b-instruct" else 0.021
+        fast = base.replace(steps=None, threshold=threshold, alg="maskgit_plus" if family == "dream" else "origin")
+        modes.update({
+            "threshold": {"gen": fast},
+            "threshold:stable": {"gen": fast.replace(tie_break="stable")},
+            "threshold+seer": {"gen": fast, "seer": seer_eos},
+            "threshold+dyllm": {"gen": fast, "dyllm": DyLLMConfig(tau=0.999, full_steps=2)},
+            "threshold+seer+dyllm": {"gen": fast, "seer": seer_eos, "dyllm": DyLLMConfig(tau=0.999, full_steps=2)},
+            "graphs:baseline": {"gen": base, "graphs": "recording"},
+            "graphs:stable": {"gen": base.replace(tie_break="stable"), "graphs": "recording"},
+            "graphs:seer": {"gen": base, "seer": seer_eos, "graphs": "recording"},
+            "graphs:dyllm": {"gen": base, "dyllm": DyLLMConfig(tau=0.999, full_steps=2), "graphs": "recording"},
+            "graphs:threshold": {"gen": fast, "graphs": "recording"},
+            "graphs:threshold:stable": {"gen": fast.replace(tie_break="stable"), "graphs": "recording"},
+            "graphs:cut+router:packed": {"gen": base.replace(prefix_cache=True), "graphs": "recording",
+                                         "router": RouterConfig.for_window(16, max_batch=4),
+                                         **fixed_cut([2, 16, 9, 5])},
+            "graphs:cut+router:static": {"gen": base.replace(prefix_cache=True), "graphs": "recording",
+                                         "router": RouterConfig.for_window(16, max_batch=4),
+                                         **fixed_cut([11, 12, 9, 12])},
+        })
         if family == "llada":
             modes.update({
+                "cache:prefix": {"gen": base.replace(block_cache="prefix")},
+                "cache:dual": {"gen": base.replace(block_cache="dual")},
+                "threshold+cache:prefix": {"gen": fast.replace(block_cache="prefix")},
+                "threshold+cache:dual": {"gen": fast.replace(block_cache="dual")},
+                "threshold+cache:dual+seer": {"gen": fast.replace(block_cache="dual"), "seer": seer_eos},
+                "graphs:threshold+cache:dual": {"gen": fast.replace(block_cache="dual"), "graphs": "recording"},
                 "random": {"gen": base.replace(remasking="random", temperature=0.5, seed=11)},
                 "margin": {"gen": base.replace(remasking="margin")},
                 "entropy": {"gen": base.replace(remasking="entropy")},
@@ -234,6 +309,7 @@ def tiny_modes(only: str | None):
 def all_modes(only: str | None):
     yield from tiny_modes(only)
     yield from embedded_modes(only)
+    yield from arith_modes(only)
 
 
 def main(argv=None) -> int:
