@@ -33,27 +33,28 @@ import torch
 from model_adapters.embedded.arith import serving
 from model_adapters.embedded.arith.tasks import check_solution
 from seer_runtime.evaluate import run_requests
-from seer_runtime.policy import DecodePolicy
+from seer_runtime.policy import Policy
 
 
-class ConfidenceCounter(DecodePolicy):
+class ConfidenceCounter(Policy):
     """At every forward, per request still decoding: how many masked positions of its current
     block (the block of its first masked position) have max-softmax confidence >= threshold.
 
     ``counts``: one ``(count, block_index)`` per request and forward. Reads the engine's public
-    state only (``run.tokens``, ``run.token_ids``); changes nothing.
+    state only (``state.tokens``, ``state.token_ids``); changes nothing.
     """
 
     name = "confidence_counter"
+    replayable = False  # it reads every forward's logits
 
     def __init__(self, threshold: float, block: int) -> None:
         self.threshold, self.block = threshold, block
         self.counts: list[tuple[int, int]] = []
 
-    def on_logits(self, run, fwd, logits: torch.Tensor) -> torch.Tensor:
+    def on_logits(self, state, fwd, logits: torch.Tensor) -> None:
         width = logits.shape[1]
-        tokens = run.tokens[fwd.rows, :width]
-        masked = tokens == run.token_ids.mask
+        tokens = state.tokens[fwd.rows, :width]
+        masked = tokens == state.token_ids.mask
         conf = torch.softmax(logits.float(), dim=-1).amax(-1)
         for r in range(len(fwd.rows)):
             where = masked[r].nonzero()

@@ -6,7 +6,7 @@ random weights, batch 4, prompt 64, window 64, one token per step. Run:
     .venv/bin/pytest bench/bench_engine.py -m bench -s
 
 The fraction is measured inside one generate() call (stats.time_s), so both sides see the
-same machine load.
+same machine load. Measurements only: under ``make test`` (``--benchmark-disable``) they are skipped.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ def mid_model():
 
 @pytest.mark.parametrize("kind", ["llada", "dream"])
 def test_engine_overhead_per_step(benchmark, mid_model, kind):
+    if benchmark.disabled:
+        pytest.skip("a measurement (no assertion): run with -m bench")
     model = mid_model
     if kind == "dream":
         torch.manual_seed(0)
@@ -40,8 +42,7 @@ def test_engine_overhead_per_step(benchmark, mid_model, kind):
             "dream-v0-instruct-7b", hidden_size=1024, num_attention_heads=16, num_key_value_heads=4,
             num_hidden_layers=4, intermediate_size=2816, vocab_size=32000, mask_token_id=31999,
             eos_token_id=31998, eot_token_id=31997, pad_token_id=31998, bos_token_id=31996))
-    # the full measurement uses a 64-token window; the CI smoke run (--benchmark-disable) 16
-    window = 16 if benchmark.disabled else 64
+    window = 64
     ids = torch.randint(0, 30000, (4, 64))
     gen = GenerationConfig(gen_length=window, steps=window, block_length=16 if kind == "llada" else None,
                            alg="entropy" if kind == "dream" else "origin")
@@ -61,8 +62,6 @@ def test_engine_overhead_per_step(benchmark, mid_model, kind):
     print(f"\n[{kind}] d_model 1024, 4 layers, B=4, prompt 64, window {window}, V=32000: "
           f"{1e3 * total / steps:.1f} ms/step, forward {1e3 * fwd / steps:.1f} ms, "
           f"outside the forward {1e3 * overhead / steps:.2f} ms = {100 * frac:.1f}% of the step")
-    # a guard against gross regressions only (the measured fraction is what matters)
-    assert frac < 0.25, f"engine overhead {100 * frac:.1f}% of the step"
 
 
 def test_finite_check_cost(benchmark, mid_model):
@@ -72,12 +71,14 @@ def test_finite_check_cost(benchmark, mid_model):
     layer's output per position, against ~2 x 12 d^2 multiply-adds of the layer)."""
     import time
 
+    if benchmark.disabled:
+        pytest.skip("a measurement (no assertion): run with -m bench")
     model = mid_model
-    window = 16 if benchmark.disabled else 64
+    window = 64
     ids = torch.randint(0, 30000, (4, 64))
     gen = GenerationConfig(gen_length=window, steps=window, block_length=16)
     times = {True: [], False: []}
-    rounds = 1 if benchmark.disabled else 3
+    rounds = 3
 
     def run():
         with kernel_backend("reference"):

@@ -13,8 +13,8 @@ Per mode:
 * ``ops/layer-step`` - ops dispatched inside the layer loop per layer;
 * ``ops/step`` - ops dispatched per step outside the layer loop;
 * with graphs (the recording backend: a CUDA graph's semantics on the CPU), ``host us/replayed
-  step``: a step's wall time minus the time its replays took (the step graphs' ``graph/replay``
-  and the router's graph cache's ``graph/replay[key]``), median (p10-p90) over the steps whose
+  step``: a step's wall time minus the time its replays took (``graph/replay``, the bucket units'
+  included), median (p10-p90) over the steps whose
   every graph unit replayed (the host's own work per step once forwards replay; the replay itself
   is the GPU's; a step that also ran a forward's layers on the host, captured a unit or ran one
   eagerly at its first sight, ``graph/capture`` / ``graph/eager``, is not counted); and ``best
@@ -52,8 +52,8 @@ import model_adapters as ma
 import seer_kernels
 from bench.workloads import OracleCut
 from seer_runtime import DyLLMConfig, GenerationConfig, SeerConfig, generate
+from seer_runtime.graphs import FakeGraphBackend, RecordingGraphBackend
 from seer_runtime.profiling import observe
-from seer_runtime.serving.graph_cache import FakeGraphBackend, RecordingGraphBackend
 from seer_runtime.serving.router import RouterConfig
 
 pytestmark = pytest.mark.bench
@@ -140,7 +140,7 @@ class HostMeter:
     def enter(self, name):
         if name.startswith(("graph/capture", "graph/eager")) and self.step_unreplayed:
             self.step_unreplayed[-1] += 1
-        if name.startswith("graph/replay"):  # the step graphs' "graph/replay", the graph cache's "graph/replay[key]"
+        if name.startswith("graph/replay"):
             name = "graph/replay"
         if name in ("step", "layers", "graph/replay"):
             self._t[name] = self._now()

@@ -8,10 +8,8 @@ the allocator's own slack, the weights excluded. Beside it, the sizes the design
 
 * ``prefix KV`` - the prompt cache, ``layers x 2 x B x kv_heads x prompt_len x head_dim x bytes``;
 * ``logits`` - one step's window logits, ``B x window x vocab x 4`` bytes;
-* ``graph buffers`` - the graph cache's persistent max-size input buffers (ids, positions, key
-  mask, the group's prefix K/V per layer), allocated once per ``generate`` call with a router;
-* ``graph outputs`` - the static outputs kept per captured graph (the fake backend captures on
-  CPU what CUDA graphs would), summed over the keys captured.
+* ``bucket buffers`` - the router's persistent input buffers of the static buckets it served (ids,
+  positions, key mask, the group's prefix K/V per layer), allocated when a bucket is first served.
 
     .venv/bin/python -m bench.bench_memory [--batch 256] [--json out/memory.json]
     .venv/bin/pytest bench/bench_memory.py -m bench --benchmark-disable   # smoke: batch 8 (CI)
@@ -58,16 +56,16 @@ def measure(mode: str, batch: int, threads: int) -> dict:
     from seer_kernels import kernel_backend
     from seer_runtime import DyLLMConfig, generate
     from seer_runtime.evaluate import pad_left
-    from seer_runtime.serving import execution
-    from seer_runtime.serving.graph_cache import FakeGraphBackend, GraphCache
+    from seer_runtime.graphs import BucketInputs, FakeGraphBackend
+    from seer_runtime.serving import routed
     from seer_runtime.serving.router import RouterConfig
 
-    caches: list[GraphCache] = []
+    buckets: list[BucketInputs] = []
 
-    class RecordedCache(GraphCache):  # the bench's window on the cache a routed run builds
+    class RecordedBucket(BucketInputs):  # the bench's window on the buckets a routed run allocates
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
-            caches.append(self)
+            buckets.append(self)
 
     model, tokenizer = load_embedded()
     requests, _ = demo_requests(batch, tokenizer)
@@ -83,7 +81,7 @@ def measure(mode: str, batch: int, threads: int) -> dict:
         kwargs["graphs"] = FakeGraphBackend() if "graphs" in mode else "auto"
     if "dyllm" in mode:
         kwargs["dyllm"] = DyLLMConfig.for_model(model)
-    execution.GraphCache = RecordedCache
+    routed.BucketInputs = RecordedBucket
     try:
         with kernel_backend("reference"), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the eager graph cache says so once; not a figure
@@ -95,7 +93,7 @@ def measure(mode: str, batch: int, threads: int) -> dict:
             seconds = time.perf_counter() - t0
             peak = _status_kib("VmHWM")
     finally:
-        execution.GraphCache = GraphCache
+        routed.BucketInputs = BucketInputs
     prompt_len = _prompt_len(model, ids, mask, images)
     item = torch.finfo(model.dtype).bits // 8
     prefix_kv = model.num_layers * 2 * batch * model.num_kv_heads * prompt_len * model.head_dim * item
@@ -109,32 +107,17 @@ def measure(mode: str, batch: int, threads: int) -> dict:
         "tokens_computed": out.stats.tokens_computed,
         "paths": "/".join(sorted(out.stats.extra.get("router", {}))),
     }
-    if caches:
-        cache = caches[-1]
-        buffers = sum(b.numel() * b.element_size() for b in cache.buffers.values())
-        outputs = 0
-        for key in cache.captured_keys():
-            entry = cache._graphs[key]
-            outputs += sum(t.numel() * t.element_size() for t in _tensors(entry.outputs))
-        result.update(graph_keys=len(cache.keys), graphs_captured=len(cache.captured_keys()),
-                      graph_buffers_mib=round(buffers / 2**20, 1), graph_outputs_mib=round(outputs / 2**20, 2),
-                      largest_key=str(cache.keys[0]))
+    if buckets:
+        graphs = out.stats.extra.get("graphs", {})
+        result.update(buckets_served=len(buckets), graphs_captured=graphs.get("captures", 0),
+                      bucket_buffers_mib=round(sum(b.nbytes for b in buckets) / 2**20, 1),
+                      largest_bucket=max(f"{b.batch}x{b.length}" for b in buckets))
     return result
 
 
 def _prompt_len(model, ids, mask, images) -> int:
     embeds, _ = model.embed_prompt(ids, mask, images)
     return embeds.shape[1]
-
-
-def _tensors(obj):
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, dict):
-        obj = list(obj.values())
-    return [t for o in obj for t in _tensors(o)]
 
 
 def _child(mode: str, batch: int, threads: int, queue) -> None:
@@ -154,18 +137,18 @@ def run_modes(modes, batch: int, threads: int) -> list[dict]:
 
 
 def table(results: list[dict]) -> str:
-    cols = ["mode", "paths", "seconds", "peak_rise_mib", "prefix_kv_mib", "logits_mib", "graph_buffers_mib",
-            "graph_outputs_mib", "graphs_captured", "graph_keys"]
+    cols = ["mode", "paths", "seconds", "peak_rise_mib", "prefix_kv_mib", "logits_mib", "bucket_buffers_mib",
+            "buckets_served", "largest_bucket", "graphs_captured"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in results]
     return "\n".join(lines)
 
 
 def test_memory_smoke():
-    """Batch 8, two modes: the figures are produced and the graph cache is seen (CI smoke)."""
+    """Batch 8, the static path: the figures are produced and the buckets' buffers are seen (CI smoke)."""
     results = [measure("seer+router:static+graphs", 8, 1)]
     r = results[0]
-    assert r["peak_rise_mib"] >= 0 and r["prefix_kv_mib"] > 0 and r["graph_buffers_mib"] > 0, r
+    assert r["peak_rise_mib"] >= 0 and r["prefix_kv_mib"] > 0 and r["bucket_buffers_mib"] > 0, r
 
 
 def main(argv: list[str] | None = None) -> int:

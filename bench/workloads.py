@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import random
 
-from seer_runtime.policy import DecodePolicy
+from seer_runtime.policy import Policy
+from seer_runtime.runner import Cut
 
 
 def answer_lengths(n: int, *, window: int, seed: int = 0) -> list[int]:
@@ -19,7 +20,7 @@ def answer_lengths(n: int, *, window: int, seed: int = 0) -> list[int]:
     return out
 
 
-class OracleCut(DecodePolicy):
+class OracleCut(Policy):
     """Cut every request's window to a given length before step 0, as Seer would with a perfect
     probe (random-weight models have no answer end to find): the serving benchmarks' workload.
 
@@ -31,11 +32,10 @@ class OracleCut(DecodePolicy):
     def __init__(self, keep_len: list[int]) -> None:
         self.keep_len = [int(n) for n in keep_len]
 
-    def on_request(self, run) -> None:
-        if len(self.keep_len) != run.batch_size:
-            raise ValueError(f"keep_len has {len(self.keep_len)} lengths for {run.batch_size} requests")
+    def start(self, state, model) -> Cut:
+        if len(self.keep_len) != state.batch_size:
+            raise ValueError(f"keep_len has {len(self.keep_len)} lengths for {state.batch_size} requests")
         for b, n in enumerate(self.keep_len):
-            if not 1 <= n <= run.width:
-                raise ValueError(f"keep_len[{b}] = {n} must lie in [1, {run.width}]")
-            run.window.set(b, n)
-            run.plans[b] = run.make_plan(b, n)
+            if not 1 <= n <= state.width:
+                raise ValueError(f"keep_len[{b}] = {n} must lie in [1, {state.width}]")
+        return Cut(dict(enumerate(self.keep_len)))

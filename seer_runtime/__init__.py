@@ -1,8 +1,9 @@
 """How a request is decoded: the engine, its policies (Seer, DyLLM, routed serving), calibration.
 
 ``generate(model, input_ids, *, attention_mask=None, images=None, gen=GenerationConfig(...),
-seer=None, dyllm=None, router=None, policies=())`` decodes a batch with any model implementing
-``seer_runtime.adapter.DiffusionAdapter`` (every ``model_adapters`` model does).
+seer=None, dyllm=None, router=None, graphs="auto", policies=(), request_seeds=None)`` decodes a
+batch with any model implementing ``seer_runtime.adapter.DiffusionAdapter`` (every
+``model_adapters`` model does).
 
 The names below are imported on first use, so that a model definition importing the adapter
 contract (``seer_runtime.adapter``) does not load the engine.
@@ -16,9 +17,10 @@ import importlib
 _EXPORTS = {
     "generate": "generation",
     "GenerationConfig": "config",
-    "GenerationOutput": "engine",
-    "GenerationStats": "engine",
-    "DecodePolicy": "policy",
+    "GenerationOutput": "batch",
+    "GenerationStats": "batch",
+    "Policy": "policy",
+    "LayerHook": "policy",
     "SeerConfig": "seer",
     "DyLLMConfig": "dyllm",
     "RouterConfig": "serving.router",

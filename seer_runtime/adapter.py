@@ -1,4 +1,4 @@
-"""The contract between the decoding engine and a model adapter (DESIGN.md, "The seam").
+"""The contract between the decoding engine and a model adapter (README, "Layout").
 
 The engine owns the layer loop; a model exposes itself in pieces (:class:`DiffusionAdapter`)
 and is driven with the small value types below. This module is the only place the contract is
@@ -29,7 +29,7 @@ IMAGE_TOKEN_INDEX = -200
 
 @dataclass(frozen=True)
 class TokenIds:
-    """Special token ids of a model family (``reference/MODELS.md``); ``image`` is the prompt
+    """Special token ids of a model family (each family's ``tokenizer_config.json``); ``image`` is the prompt
     placeholder of image features (multimodal models only)."""
 
     mask: int
@@ -92,10 +92,6 @@ class PackedLayout:
     @property
     def batch_size(self) -> int:
         return self.cu_seqlens_q.numel() - 1
-
-    @property
-    def num_tokens(self) -> int:
-        return self.positions.shape[0]
 
 
 @dataclass
@@ -293,7 +289,10 @@ class DiffusionAdapter(Protocol):
     def block(self, i: int) -> TransformerBlock: ...
 
 
-#: the names generate() checks a model for before decoding
-REQUIRED = ("family", "is_multimodal", "logits_shift", "token_ids", "hidden_size", "num_heads", "num_kv_heads",
-            "head_dim", "intermediate_size", "device", "num_layers", "vocab_size", "embed", "embed_prompt",
-            "position_ids", "rope", "layer", "head", "prefill", "block")
+def missing_adapter_members(model) -> list[str]:
+    """The members of :class:`DiffusionAdapter` (its attributes, properties and methods) that
+    ``model`` lacks: what ``generate`` checks before decoding."""
+    members = (n for n, v in vars(DiffusionAdapter).items()
+               if not n.startswith("_") and (callable(v) or isinstance(v, property)))
+    declared = [*DiffusionAdapter.__annotations__, *members]
+    return [n for n in dict.fromkeys(declared) if not hasattr(model, n)]

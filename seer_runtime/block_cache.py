@@ -1,9 +1,9 @@
 """Fast-dLLM's block caches (``GenerationConfig.block_cache``): keys and values reused within a block.
 
 Where a block's first step runs in full and its later steps run on part of the sequence:
-:class:`BlockCachePolicy` (``execute``). The first step of a request's block (and any step
-after its window changed) runs the engine's padded forward over the whole sequence and keeps
-every layer's rotated keys and values of every position. Its later steps feed only a span of the
+:meth:`BlockCacheLayouts.forwards`, a way the model runner lays a step out. The first step of a
+request's block (and any step after its window changed) runs the padded forward over the whole
+sequence and keeps every layer's rotated keys and values of every position. Its later steps feed only a span of the
 window and attend to the kept keys/values of everything else:
 
 * ``"prefix"``: the span is the block and what follows it (the keys/values before the block
@@ -26,8 +26,9 @@ from dataclasses import dataclass
 import torch
 
 from .adapter import PaddedLayout, PrefixKV, Taps
-from .engine import DecodeRun, Forward
-from .policy import DecodePolicy
+from .batch import BatchState
+from .policy import LayerHook
+from .runner import Forward, padded_forward
 
 MODES = ("prefix", "dual")
 
@@ -48,59 +49,66 @@ class SpanLayout:
     prefix: PrefixKV | None = None
 
 
-class BlockCachePolicy(DecodePolicy):
+class BlockCacheLayouts:
     """Per-block key/value caches (module docstring); ``mode`` "prefix" or "dual"."""
 
     name = "block_cache"
-    packed_layouts = False
+    fuses_choice = False  # a step may run two forwards
 
-    def __init__(self, mode: str) -> None:
+    def __init__(self, mode: str, state: BatchState, model) -> None:
         if mode not in MODES:
             raise ValueError(f"block_cache must be one of {MODES}, got {mode!r}")
-        self.mode = mode
-        self.keys: list[torch.Tensor | None] = []
-        self.values: list[torch.Tensor | None] = []
-        self._layouts: dict[tuple, SpanLayout] = {}
-
-    def on_request(self, run: DecodeRun) -> None:
-        if run.rules.family != "llada":
+        if state.rules.family != "llada":
             raise ValueError("block_cache is implemented for the LLaDA family (LLaDA, MMaDA, LaViDa-LLaDA): a Dream "
                              "window position reads the previous position's state, which a cached span does not feed")
-        others = [p.name for p in run.policies if p is not self and p.runs_forwards]
-        if others or any(p.name == "dyllm" for p in run.policies):
-            raise ValueError(f"block_cache runs the step's forwards itself: it composes with neither DyLLM (its own "
-                             f"caches) nor a policy that runs forwards ({others or ['dyllm']})")
-        self.keys = [None] * run.num_layers
-        self.values = [None] * run.num_layers
-        self.filled: list[tuple | None] = [None] * run.batch_size  # (block, window) each request's cache holds
-        self._layouts = {}
-        self._filling = False
-        self.forwards = {"full": 0, "cached": 0}
+        self.mode, self.model = mode, model
+        self.keys: list[torch.Tensor | None] = [None] * model.num_layers
+        self.values: list[torch.Tensor | None] = [None] * model.num_layers
+        self.filled: list[tuple | None] = [None] * state.batch_size  # (block, window) each request's cache holds
+        self._layouts: dict[tuple, SpanLayout] = {}
+        self._step: tuple = ()  # this step's (first rows, later rows, blocks, span layout)
+        self.forwards_run = {"full": 0, "cached": 0}
         self.fed_positions = {"full": 0, "cached": 0}
-        if run.prefix_cache:  # the prompt's keys/values come from the prompt cache, once
-            for i in range(run.num_layers):
-                self._store(run, i, run.prefix.keys[i].transpose(1, 2), run.prefix.values[i].transpose(1, 2),
+        if state.prefix_cache:  # the prompt's keys/values come from the prompt cache, once
+            for i in range(model.num_layers):
+                self._store(state, i, state.prefix.keys[i].transpose(1, 2), state.prefix.values[i].transpose(1, 2),
                             rows=None, start=0)
 
     # -- the step ----------------------------------------------------------------------------------
-    def execute(self, run: DecodeRun, rows: list[int], step: int) -> torch.Tensor | None:
-        blocks = {r: (run.plans[r].block_starts[step], run.plans[r].block_ends[step]) for r in rows}
-        first = [r for r in rows if self.filled[r] != (blocks[r], run.window[r])]
+    def forwards(self, state: BatchState, rows: list[int], step: int) -> list[Forward]:
+        """A padded forward of the rows at their block's first step (filling the caches), and a
+        cached-span forward of the others."""
+        blocks = {r: (state.plans[r].block_starts[step], state.plans[r].block_ends[step]) for r in rows}
+        first = [r for r in rows if self.filled[r] != (blocks[r], state.window[r])]
         later = [r for r in rows if r not in first]
+        out = []
+        if first:
+            fwd = padded_forward(state, first, step)
+            fwd.keyed, fwd.layer_hook = False, _Fill(self, state)  # a block's first step fills the caches: eager
+            out.append(fwd)
+            self.forwards_run["full"] += 1
+        layout = None
+        if later:
+            layout = self._layout(state, later, blocks)
+            out.append(self._cached_forward(state, later, step, layout))
+            self.forwards_run["cached"] += 1
+        self._step = (first, later, blocks, layout)
+        return out
+
+    def merge(self, state: BatchState, rows: list[int], forwards: list[Forward], logits: list[torch.Tensor]):
+        """The step's logits ``[R, W, V]``, a later row's outside its span zero."""
+        first, later, blocks, layout = self._step
         parts: dict[int, torch.Tensor] = {}
         if first:
-            self._filling = True
-            try:
-                logits = run.forward(first, step)
-            finally:
-                self._filling = False
             for r in first:  # the window as it is now (Seer cuts inside step 0)
-                self.filled[r] = (blocks[r], run.window[r])
-            parts.update(zip(first, logits))
-            self.forwards["full"] += 1
+                self.filled[r] = (blocks[r], state.window[r])
+            parts.update(zip(first, logits[0]))
         if later:
-            parts.update(zip(later, self._cached_forward(run, later, step, blocks)))
-            self.forwards["cached"] += 1
+            span_logits = logits[-1]
+            for i, (r, (s, e)) in enumerate(zip(later, layout.spans)):
+                full = span_logits.new_zeros((state.window[r], span_logits.shape[-1]))
+                full[s:e] = span_logits[i, : e - s]
+                parts[r] = full
         width = max(t.shape[0] for t in parts.values())
         any_part = next(iter(parts.values()))
         out = any_part.new_zeros((len(rows), width, any_part.shape[-1]))
@@ -109,25 +117,11 @@ class BlockCachePolicy(DecodePolicy):
         return out
 
     # -- the first step of a block: keep every layer's keys and values -----------------------------
-    def graph_key(self, run: DecodeRun, fwd: Forward) -> tuple | None:
-        return None if self._filling else ()  # a block's first step fills the caches: eager
-
-    def layer_taps(self, run: DecodeRun, fwd: Forward, layer: int, taps: Taps) -> None:
-        if self._filling:
-            taps.keep_kv = True
-
-    def after_layer(self, run: DecodeRun, fwd: Forward, layer: int, taps: Taps) -> None:
-        if not self._filling:
-            return
-        k, v = taps.kv  # [R, L, Hk, d], rotated; the prompt first unless the prompt cache holds it
-        self._store(run, layer, k, v, rows=fwd.index, start=0 if fwd.offset else run.prompt_len)
-        self.fed_positions["full"] += k.shape[0] * k.shape[1] if layer == 0 else 0
-
-    def _store(self, run: DecodeRun, layer: int, k: torch.Tensor, v: torch.Tensor, *, rows, start: int) -> None:
+    def _store(self, state: BatchState, layer: int, k: torch.Tensor, v: torch.Tensor, *, rows, start: int) -> None:
         if self.keys[layer] is None:
-            shape = (run.batch_size, run.prompt_len + run.width, *k.shape[2:])
+            shape = (state.batch_size, state.prompt_len + state.width, *k.shape[2:])
             self.keys[layer], self.values[layer] = k.new_zeros(shape), v.new_zeros(shape)
-        n = min(k.shape[1], run.prompt_len + run.width - start)
+        n = min(k.shape[1], state.prompt_len + state.width - start)
         for cache, value in ((self.keys[layer], k), (self.values[layer], v)):
             if rows is None:
                 cache[:, start: start + n] = value[:, :n]
@@ -135,33 +129,33 @@ class BlockCachePolicy(DecodePolicy):
                 cache[rows, start: start + n] = value[: rows.shape[0], :n]
 
     # -- a later step: the span fed, everything else from the caches ---------------------------------
-    def _span(self, run: DecodeRun, r: int, block: tuple[int, int]) -> tuple[int, int]:
+    def _span(self, state: BatchState, r: int, block: tuple[int, int]) -> tuple[int, int]:
         start, end = block
-        return (start, run.window[r]) if self.mode == "prefix" else (start, end)
+        return (start, state.window[r]) if self.mode == "prefix" else (start, end)
 
-    def _layout(self, run: DecodeRun, rows: list[int], blocks: dict) -> SpanLayout:
-        spans = [self._span(run, r, blocks[r]) for r in rows]
-        key = (tuple(rows), tuple(spans), tuple(run.window[r] for r in rows))
+    def _layout(self, state: BatchState, rows: list[int], blocks: dict) -> SpanLayout:
+        spans = [self._span(state, r, blocks[r]) for r in rows]
+        key = (tuple(rows), tuple(spans), state.window.lengths_of(rows))
         layout = self._layouts.get(key)
         if layout is not None:
             return layout
-        lp = run.prompt_len
+        lp = state.prompt_len
         width = max(e - s for s, e in spans)
         fed, fed_mask, kept, kept_mask = [], [], [], []
         for r, (s, e) in zip(rows, spans):
             fed.append([min(s + j, e - 1) for j in range(width)])
             fed_mask.append([j < e - s for j in range(width)])
-            prompt = list(range(lp - run.prompt_lengths[r], lp))  # the real prompt positions (left padding)
-            window = [lp + p for p in range(run.window[r]) if not s <= p < e]
+            prompt = list(range(lp - state.prompt_lengths[r], lp))  # the real prompt positions (left padding)
+            window = [lp + p for p in range(state.window[r]) if not s <= p < e]
             kept.append(prompt + window)
         kept_len = max(len(k) for k in kept)
         for k in kept:
             kept_mask.append([True] * len(k) + [False] * (kept_len - len(k)))
             k.extend([k[-1] if k else 0] * (kept_len - len(k)))
-        up = run.device_tensor
-        index = run.row_index(rows)
+        up = state.device_tensor
+        index = state.row_index(rows)
         fed_t = torch.stack([up(f) for f in fed])
-        positions = run.positions[index].gather(1, fed_t + lp)
+        positions = state.positions[index].gather(1, fed_t + lp)
         layout = SpanLayout(spans, fed_t, torch.stack([up([int(m) for m in f], torch.bool) for f in fed_mask]),
                             positions, torch.stack([up(k) for k in kept]),
                             torch.stack([up([int(m) for m in k], torch.bool) for k in kept_mask]))
@@ -170,12 +164,12 @@ class BlockCachePolicy(DecodePolicy):
         self._layouts[key] = layout
         return layout
 
-    def _kept_kv(self, run: DecodeRun, rows: list[int], layout: SpanLayout) -> PrefixKV:
+    def _kept_kv(self, state: BatchState, rows: list[int], layout: SpanLayout) -> PrefixKV:
         """Every layer's kept keys/values of ``rows`` (``[R, Hk, Lk, d]``), gathered once per layout:
         the caches change only at a block's first step, which changes the layout too."""
         if layout.prefix is None:
-            index = run.row_index(rows)
-            flat = (index[:, None] * (run.prompt_len + run.width) + layout.kept).reshape(-1)
+            index = state.row_index(rows)
+            flat = (index[:, None] * (state.prompt_len + state.width) + layout.kept).reshape(-1)
             keys, values = [], []
             for k, v in zip(self.keys, self.values):
                 shape = (len(rows), layout.kept.shape[1], *k.shape[2:])
@@ -184,34 +178,40 @@ class BlockCachePolicy(DecodePolicy):
             layout.prefix = PrefixKV(keys, values, layout.key_mask, layout.kept.shape[1])
         return layout.prefix
 
-    def _cached_forward(self, run: DecodeRun, rows: list[int], step: int, blocks: dict) -> list[torch.Tensor]:
-        layout = self._layout(run, rows, blocks)
-        index = run.row_index(rows)
+    def _cached_forward(self, state: BatchState, rows: list[int], step: int, layout: SpanLayout) -> Forward:
+        index = state.row_index(rows)
         width = layout.fed.shape[1]
-        fwd = Forward(rows, index, step, width, feed_prompt=False)
-        fwd.prefix = self._kept_kv(run, rows, layout)
+        fwd = Forward(rows, index, step, width, feed_prompt=False, positions=len(rows) * width,
+                      lengths=[e - s for s, e in layout.spans], kind="block_cache",
+                      detail=(self.mode, tuple(layout.spans)))
+        fwd.prefix = self._kept_kv(state, rows, layout)
         fwd.layout = PaddedLayout(layout.positions, torch.cat([layout.key_mask, layout.fed_mask], dim=1))
-        fwd.lengths = [e - s for s, e in layout.spans]
-        fwd.positions = len(rows) * width
         self.fed_positions["cached"] += fwd.positions
 
-        def compute() -> torch.Tensor:
-            fwd.hidden = run.model.embed(run.tokens[index].gather(1, layout.fed))
-            run.run_forward(fwd)
-            return run.check_logits(run.model.head(fwd.hidden))
+        def build(f: Forward) -> None:
+            f.hidden = self.model.embed(state.tokens[index].gather(1, layout.fed))
 
-        key = run.forward_key(fwd, "block_cache", self.mode, tuple(layout.spans))
-        span_logits = run.finish_forward(fwd, run.run_keyed(key, rows, compute))
-        out = []
-        for i, (r, (s, e)) in enumerate(zip(rows, layout.spans)):
-            full = span_logits.new_zeros((run.window[r], span_logits.shape[-1]))
-            full[s:e] = span_logits[i, : e - s]
-            out.append(full)
-        return out
+        fwd.build, fwd.head = build, lambda f: self.model.head(f.hidden)
+        return fwd
 
-    def report(self, run: DecodeRun) -> dict:
-        return {"block_cache": {"mode": self.mode, "forwards": dict(self.forwards),
+    def report(self) -> dict:
+        return {"block_cache": {"mode": self.mode, "forwards": dict(self.forwards_run),
                                 "fed_positions": dict(self.fed_positions)}}
 
-    def release(self, run: DecodeRun) -> None:
+    def release(self) -> None:
         self.keys, self.values, self._layouts = [], [], {}
+
+
+class _Fill(LayerHook):
+    """A block's first step: every layer's rotated keys and values of every position kept."""
+
+    def __init__(self, layouts: BlockCacheLayouts, state: BatchState) -> None:
+        self.layouts, self.state = layouts, state
+
+    def taps(self, layer: int, taps: Taps) -> None:
+        taps.keep_kv = True
+
+    def after(self, layer: int, fwd: Forward, taps: Taps) -> None:
+        k, v = taps.kv  # [R, L, Hk, d], rotated; the prompt first unless the prompt cache holds it
+        self.layouts._store(self.state, layer, k, v, rows=fwd.index, start=0 if fwd.offset else self.state.prompt_len)
+        self.layouts.fed_positions["full"] += k.shape[0] * k.shape[1] if layer == 0 else 0

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import math
 import numbers
+import sys
+import warnings
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -24,6 +26,19 @@ BLOCK_CACHES = (None, "prefix", "dual")
 CALIBRATION_KEY = "calibration"
 #: the largest base seed (``seed + request index`` must fit a torch generator's int64 seed)
 MAX_SEED = 2**62
+
+
+_PACKAGE_DIR = str(Path(__file__).resolve().parent)
+
+
+def warn_caller(message: str, category: type[Warning] = UserWarning) -> None:
+    """``warnings.warn`` pointing at the first frame outside ``seer_runtime`` (and torch's
+    ``no_grad`` wrapper): the user's line that asked for what is warned about."""
+    frame, level = sys._getframe(1), 2  # stacklevel 1 is this function, 2 the one that called it
+    while frame is not None and (frame.f_code.co_filename.startswith(_PACKAGE_DIR)
+                                 or frame.f_code.co_filename.endswith("torch/utils/_contextlib.py")):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)
 
 
 def check(cond: bool, message: str) -> None:
@@ -139,7 +154,7 @@ class GenerationConfig(StoredConfig):
                   ``uncond + (s + 1)(cond - uncond)`` with the prompt masked.
     remasking:    LLaDA family: low_confidence | random | margin | entropy.
     alg / alg_temp / top_p / top_k / eps: Dream family (``diffusion_generate``).
-    logits_eos_inf / confidence_eos_eot_inf: LLaDA's EOS knobs (EVAL.md, Appendix B.4).
+    logits_eos_inf / confidence_eos_eot_inf: LLaDA's EOS knobs (its paper's evaluation, Appendix B.4).
     prefix_cache: compute the prompt (and image) once and run every step on the window only
                   (LaViDa's prefix-DLM cache); None -> on for multimodal models, off otherwise.
     schedule:     None (the family's linear rule) or LaViDa's shift | cosine | logit_normal |

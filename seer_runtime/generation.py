@@ -1,41 +1,60 @@
-"""``generate``: the public entry. It validates a request batch, composes the policies in their
-one documented order, and runs the engine (``engine.DecodeRun``).
+"""``generate``: the public entry. It validates a request batch, composes the call once and runs it.
 
-Policy order (``compose_policies``): Seer (it cuts the windows every later hook reads), the
-block cache of ``gen.block_cache`` (it runs each step's forwards), the PWR router (it runs each
-step's forwards), DyLLM (it chooses which rows a layer computes), then the caller's own
-policies in the order given.
+One call flows one way: the batch state is made (``batch.BatchState``), the model runner embeds
+the prompts and runs the prefill (``runner.ModelRunner``), the call is composed (:func:`compose`:
+the policies in their one documented order, the layout that lays each step out, the commit rule),
+then the scheduler runs the steps (``scheduler.Scheduler``).
+
+Policy order: Seer (it cuts the windows every later hook reads), DyLLM (it chooses which rows a
+layer computes), then the caller's own policies in the order given. Layouts: the block cache of
+``gen.block_cache``, or the PWR router, or the rows padded to their longest window.
 """
 
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Sequence
 
 import torch
 
-from .adapter import REQUIRED
-from .block_cache import BlockCachePolicy
-from .config import GenerationConfig
+from .adapter import missing_adapter_members
+from .batch import BatchState, GenerationOutput, first_end_positions
+from .block_cache import BlockCacheLayouts
+from .commit import rule_for
+from .config import MAX_SEED, GenerationConfig, warn_caller
 from .dyllm import DyLLMConfig, DyLLMPolicy
-from .engine import DecodeRun, GenerationOutput
-from .plans import DecodingRules
-from .policy import DecodePolicy
+from .graphs import Graphs, resolve_backend
+from .plans import DecodingRules, steps_per_block
+from .policy import Policy
 from .profiling import prange
+from .runner import ModelRunner, PaddedLayouts
+from .scheduler import Scheduler
 from .seer import SeerConfig, SeerPolicy
-from .serving.execution import RoutedExecution
+from .serving.routed import RoutedLayouts
 from .serving.router import RouterConfig
 
 
 def validate_request(model, input_ids, attention_mask, images, gen) -> None:
     """Raise ``TypeError``/``ValueError`` naming the offending argument."""
-    missing = [name for name in REQUIRED if not hasattr(model, name)]
+    missing = missing_adapter_members(model)
     if missing:
         raise TypeError(f"model does not implement the adapter surface (missing {missing}); "
                         "load it with model_adapters.load_model or build_model")
     if not isinstance(gen, GenerationConfig):
         raise TypeError(f"gen must be a GenerationConfig, got {type(gen).__name__}")
+    check_prompt_ids(model, input_ids, attention_mask)
+    if images is not None:
+        if not model.is_multimodal:
+            raise ValueError(f"images were given, but {type(model).__name__} is a text-only model")
+        if len(images) != input_ids.shape[0]:
+            raise ValueError(f"images must have one entry per request ({input_ids.shape[0]}), got {len(images)}")
+    check_sequence_length(model, input_ids.shape[1], gen, images_counted=images is None)
+    check_family_options(gen, DecodingRules.of(model))
+
+
+def check_prompt_ids(model, input_ids, attention_mask) -> None:
+    """``input_ids`` (int64 ``[B, L]`` on the model's device, ids in the vocabulary, no mask id in
+    a prompt) and ``attention_mask`` (0/1, left padding, a real token in every request)."""
     if not isinstance(input_ids, torch.Tensor):
         raise TypeError(f"input_ids must be a torch.Tensor, got {type(input_ids).__name__}")
     if input_ids.dtype != torch.long:
@@ -61,10 +80,9 @@ def validate_request(model, input_ids, attention_mask, images, gen) -> None:
             raise ValueError("attention_mask has a request with no real token")
         if bool((real[:, :-1] & ~real[:, 1:]).any()):
             raise ValueError("attention_mask must be left padding (zeros only before a request's tokens)")
-    multimodal = bool(model.is_multimodal)
     ids = input_ids[real]
     allowed = (ids >= 0) & (ids < model.vocab_size)
-    if multimodal:
+    if model.is_multimodal:
         allowed |= ids == model.token_ids.image
     if not bool(allowed.all()):
         bad = ids[~allowed][:5].tolist()
@@ -74,13 +92,10 @@ def validate_request(model, input_ids, attention_mask, images, gen) -> None:
         raise ValueError("input_ids has padding ids outside the vocabulary")
     if bool((ids == model.token_ids.mask).any()):
         raise ValueError(f"input_ids contains the mask id {model.token_ids.mask} inside a prompt")
-    if images is not None:
-        if not multimodal:
-            raise ValueError(f"images were given, but {type(model).__name__} is a text-only model")
-        if len(images) != input_ids.shape[0]:
-            raise ValueError(f"images must have one entry per request ({input_ids.shape[0]}), got {len(images)}")
-    check_sequence_length(model, input_ids.shape[1], gen, images_counted=images is None)
-    rules = DecodingRules.of(model)
+
+
+def check_family_options(gen: GenerationConfig, rules: DecodingRules) -> None:
+    """The options of ``gen`` that belong to the other family, or that its rule cannot take."""
     if gen.threshold is not None:
         check_threshold(gen, rules)
     else:
@@ -121,8 +136,8 @@ def check_threshold(gen: GenerationConfig, rules: DecodingRules) -> None:
         raise ValueError("threshold compares a confidence in [0, 1]: remasking='entropy' gives negative "
                          "confidences; use low_confidence, margin or random")
     if gen.steps is not None:
-        warnings.warn(f"steps={gen.steps} is not used with threshold={gen.threshold}: each block runs until no "
-                      "mask is left in it", UserWarning, stacklevel=5)
+        warn_caller(f"steps={gen.steps} is not used with threshold={gen.threshold}: each block runs until no "
+                      "mask is left in it", UserWarning)
 
 
 def warn_idle_steps(gen: GenerationConfig, rules: DecodingRules) -> None:
@@ -131,45 +146,74 @@ def warn_idle_steps(gen: GenerationConfig, rules: DecodingRules) -> None:
     if gen.steps is None:
         return
     if rules.family == "llada":
-        per_block = gen.steps // gen.num_blocks
-        if gen.step_ratio is not None:
-            per_block = int(per_block * gen.step_ratio)
-        steps = per_block * gen.num_blocks
+        steps = steps_per_block(gen) * gen.num_blocks
     elif rules.lavida or gen.step_ratio is not None:
         return  # LaViDa-Dream caps steps at gen_length; with step_ratio Dream takes int(gen_length * ratio)
     else:
         steps = gen.steps
     if steps > gen.gen_length:
-        warnings.warn(f"steps ({gen.steps}) plans {steps} denoising steps for {gen.gen_length} window positions "
+        warn_caller(f"steps ({gen.steps}) plans {steps} denoising steps for {gen.gen_length} window positions "
                       f"(gen_length): {steps - gen.gen_length} forwards will commit no token (the reference "
-                      "generators do the same)", UserWarning, stacklevel=5)
+                      "generators do the same)", UserWarning)
 
 
-def compose_policies(*, seer=None, router=None, dyllm=None, policies: Sequence = (), graphs="auto",
-                     block_cache: str | None = None) -> list:
+def check_request_seeds(request_seeds, batch: int, gen: GenerationConfig) -> None:
+    """``request_seeds``: one int per request in ``[0, 2**62]``, with ``rng="per_request"`` only."""
+    if request_seeds is None:
+        return
+    if gen.rng != "per_request":
+        raise ValueError("request_seeds seeds each request's own generator: it needs "
+                         "GenerationConfig(rng='per_request')")
+    if isinstance(request_seeds, (str, bytes)) or not isinstance(request_seeds, Sequence):
+        raise TypeError(f"request_seeds must be a sequence of ints, got {type(request_seeds).__name__}")
+    if len(request_seeds) != batch:
+        raise ValueError(f"request_seeds must hold one seed per request ({batch}), got {len(request_seeds)}")
+    for i, s in enumerate(request_seeds):
+        if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s <= MAX_SEED:
+            raise ValueError(f"request_seeds[{i}] must be an int in [0, {MAX_SEED}], got {s!r}")
+
+
+def compose_policies(*, seer=None, dyllm=None, policies: Sequence = ()) -> list[Policy]:
     """The policies of one ``generate`` call, in the documented order (module docstring)."""
-    composed: list[DecodePolicy] = []
+    composed: list[Policy] = []
     if seer is not None:
         if not isinstance(seer, SeerConfig):
             raise TypeError(f"seer must be a SeerConfig, got {type(seer).__name__}")
         composed.append(SeerPolicy(seer))
-    if block_cache is not None:
-        composed.append(BlockCachePolicy(block_cache))
-    if router is not None:
-        if router is not True and not isinstance(router, RouterConfig):
-            raise TypeError(f"router must be a RouterConfig or True, got {type(router).__name__}")
-        composed.append(RoutedExecution(None if router is True else router, graphs=graphs))
     if dyllm is not None:
         if not isinstance(dyllm, DyLLMConfig):
             raise TypeError(f"dyllm must be a DyLLMConfig, got {type(dyllm).__name__}")
         composed.append(DyLLMPolicy(dyllm))
-    if isinstance(policies, DecodePolicy) or not isinstance(policies, Sequence):
-        raise TypeError(f"policies must be a sequence of DecodePolicy objects, got {type(policies).__name__}")
+    if isinstance(policies, Policy) or not isinstance(policies, Sequence):
+        raise TypeError(f"policies must be a sequence of Policy objects, got {type(policies).__name__}")
     for i, p in enumerate(policies):
-        if not isinstance(p, DecodePolicy):
-            raise TypeError(f"policies[{i}] must be a DecodePolicy, got {type(p).__name__}")
+        if not isinstance(p, Policy):
+            raise TypeError(f"policies[{i}] must be a Policy, got {type(p).__name__}")
         composed.append(p)
     return composed
+
+
+def compose_layouts(model, state: BatchState, policies: Sequence[Policy], router):
+    """How each step lays its rows out: the block cache, the router, or padded; the capabilities
+    the policies declared are checked against them (and against guidance) here, once."""
+    gen = state.gen
+    if router is not None and router is not True and not isinstance(router, RouterConfig):
+        raise TypeError(f"router must be a RouterConfig or True, got {type(router).__name__}")
+    if gen.cfg_scale > 0:
+        refusing = [p.name for p in policies if not p.guidance]
+        if refusing:
+            raise ValueError(f"cfg_scale: {', '.join(refusing)} does not support classifier-free guidance "
+                             f"(cfg_scale={gen.cfg_scale}); use cfg_scale=0 with it")
+    if gen.block_cache is not None:
+        refusing = [p.name for p in policies if not p.block_caches] + (["router"] if router is not None else [])
+        if refusing:
+            raise ValueError(f"block_cache runs the step's forwards itself: it composes with neither DyLLM (its own "
+                             f"caches) nor the router (its own layouts) ({refusing})")
+        return BlockCacheLayouts(gen.block_cache, state, model)
+    if router is not None:
+        padded_only = gen.cfg_scale > 0 or not all(p.packed_layouts for p in policies)
+        return RoutedLayouts(None if router is True else router, state, model, padded_only=padded_only)
+    return PaddedLayouts()
 
 
 @torch.no_grad()
@@ -184,7 +228,8 @@ def generate(
     dyllm: DyLLMConfig | None = None,
     router: RouterConfig | bool | None = None,
     graphs="auto",
-    policies: Sequence[DecodePolicy] = (),
+    policies: Sequence[Policy] = (),
+    request_seeds: Sequence[int] | None = None,
     progress: bool = False,
 ) -> GenerationOutput:
     """Decode a batch of requests with a masked-diffusion model.
@@ -201,33 +246,97 @@ def generate(
     router: a ``RouterConfig`` (or True for defaults sized to the window): after Seer's cut every
         step runs through the Padding-Waste-Ratio router (static / varlen / eager); None pads
         the batch to its longest surviving window.
-    graphs: how steady forwards replay (``step_graphs``; the router's static groups through its
-        own graph cache): "auto" (CUDA graphs on a CUDA device, eagerly elsewhere, said once),
-        "cuda" (CUDA graphs, an error elsewhere), None (plain eager), or a graph backend object
-        (``serving.graph_cache``).
-    policies: further ``DecodePolicy`` objects, called after the built-in ones.
+    graphs: how steps replay (``graphs``): "auto" (CUDA graphs on a CUDA device, eagerly elsewhere,
+        said once), "cuda" (CUDA graphs, an error elsewhere and on any failed capture), None (plain
+        eager), or a graph backend object.
+    policies: further ``Policy`` objects, called after the built-in ones.
+    request_seeds: with ``GenerationConfig(rng="per_request")``, each request's own seed (instead
+        of ``seed + index``), so that a request draws the same whatever batch or shard it is in.
     progress: a progress bar over the denoising steps.
     """
+    t0 = time.perf_counter()
+    with prange("generate"):
+        scheduler = prepare(model, input_ids, attention_mask=attention_mask, images=images, gen=gen, seer=seer,
+                            dyllm=dyllm, router=router, graphs=graphs, policies=policies,
+                            request_seeds=request_seeds, progress=progress)
+        try:
+            scheduler.run()
+            out = output(scheduler)
+            if scheduler.runner.finite is not None:  # the NaN/inf watch's one read (GenerationConfig.check_finite)
+                scheduler.runner.finite.raise_if_found(out)
+        finally:
+            scheduler.release()  # graphs and caches go with the call (not at Python's next cyclic collection)
+    out.stats.add_time("total", time.perf_counter() - t0)
+    return out
+
+
+def prepare(model, input_ids: torch.Tensor, *, attention_mask: torch.Tensor | None = None, images=None,
+            gen: GenerationConfig | None = None, seer: SeerConfig | None = None, dyllm: DyLLMConfig | None = None,
+            router: RouterConfig | bool | None = None, graphs="auto", policies: Sequence[Policy] = (),
+            request_seeds: Sequence[int] | None = None, progress: bool = False) -> Scheduler:
+    """One ``generate`` call validated, composed and set up to its first step (the arguments are
+    :func:`generate`'s): the batch state with its prompts embedded and prefilled, the model runner
+    with its layout, the commit rule, the policies started. Returns the call's scheduler;
+    ``scheduler.run()`` decodes, ``scheduler.release()`` lets the call's graphs and caches go."""
     gen = gen if gen is not None else GenerationConfig()
     validate_request(model, input_ids, attention_mask, images, gen)
     if not isinstance(progress, bool):
         raise TypeError(f"progress must be a bool, got {type(progress).__name__}")
-    composed = compose_policies(seer=seer, router=router, dyllm=dyllm, policies=policies, graphs=graphs,
-                                block_cache=gen.block_cache)
-    t0 = time.perf_counter()
-    with prange("generate"):
-        run = DecodeRun(model, input_ids, attention_mask, images, gen, policies=composed, progress=progress,
-                        graphs=graphs)
+    check_request_seeds(request_seeds, input_ids.shape[0], gen)
+    composed = compose_policies(seer=seer, dyllm=dyllm, policies=policies)
+    state = BatchState(model, input_ids, attention_mask, gen, request_seeds=request_seeds)
+    runner = ModelRunner(model, state, policies=composed, graphs=Graphs(resolve_backend(graphs, state.device)),
+                         check_finite=gen.check_finite)
+    try:
+        runner.embed_prompt(attention_mask, images)
         if images is not None:  # the image features are embedded now: the exact prompt length
-            check_sequence_length(model, run.prompt_len, gen, images_counted=True)
-        try:
-            for p in composed:
-                p.on_request(run)
-            run.decode()
-            out = run.output()
-            if run.finite is not None:  # the NaN/inf watch's one read (GenerationConfig.check_finite)
-                run.finite.raise_if_found(out)
-        finally:
-            run.release()  # graphs and caches go with the call (not at Python's next cyclic collection)
-    out.stats.add_time("total", time.perf_counter() - t0)
-    return out
+            check_sequence_length(model, state.prompt_len, gen, images_counted=True)
+        if state.prefix_cache:
+            runner.prefill()
+        state.open_windows()
+        runner.layouts = compose_layouts(model, state, composed, router)
+        scheduler = Scheduler(state, runner, rule_for(state), policies=composed, progress=progress)
+        for p in composed:
+            cut = p.start(state, model)
+            if cut is not None:  # windows cut before step 0
+                for b, n in cut.lengths.items():
+                    state.window.set(b, n)
+                scheduler.plan_cut(cut)
+    except BaseException:
+        runner.release()
+        state.release()
+        raise
+    return scheduler
+
+
+@torch.no_grad()
+def first_forward(model, input_ids: torch.Tensor, *, attention_mask: torch.Tensor | None = None, images=None,
+                  gen: GenerationConfig | None = None, policies: Sequence[Policy] = ()) -> torch.Tensor:
+    """Step 0's forward of a batch alone, every request's full window padded, with ``policies``
+    watching it (what a calibration records); nothing is committed. Returns the window logits
+    ``[B, gen_length, V]``."""
+    scheduler = prepare(model, input_ids, attention_mask=attention_mask, images=images, gen=gen, policies=policies,
+                        graphs=None)
+    try:
+        logits, _, _ = scheduler.runner.run(list(range(scheduler.state.batch_size)), 0)
+    finally:
+        scheduler.release()
+    return logits
+
+
+def output(scheduler: Scheduler) -> GenerationOutput:
+    """The call's sequences, windows (a cut suffix reported as EOS padding) and statistics."""
+    state, runner, policies = scheduler.state, scheduler.runner, scheduler.policies
+    window = state.tokens.clone()
+    for b in range(state.batch_size):
+        if state.window[b] < state.width:
+            window[b, state.window[b]:] = state.token_ids.eos
+    stats = state.stats
+    stats.tokens_computed_per_request = list(state.tokens_per_request)
+    stats.steps = list(state.steps_done)
+    for p in policies:
+        stats.extra.update(p.report(state) or {})
+    stats.extra.update(runner.report())
+    sequences = torch.cat([state.input_ids, window], dim=1)
+    return GenerationOutput(sequences, window, first_end_positions(window, state.token_ids.end_ids), stats,
+                            state.token_ids.end_ids)

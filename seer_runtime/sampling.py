@@ -70,6 +70,12 @@ class RandomSource:
         return torch.multinomial(weights, num_samples=k, generator=self.generators[row])
 
 
+def pad_front(conf: torch.Tensor, pad: int) -> torch.Tensor:
+    """``conf [..., W]`` with ``pad`` entries of -inf in front of its last dimension: the reference's
+    vectors cover the prompt too, and ``torch.topk``'s ties depend on where an entry lies in them."""
+    return torch.cat([conf.new_full((*conf.shape[:-1], pad), NEG_INF), conf], dim=-1) if pad else conf
+
+
 def select_topk(conf: torch.Tensor, k: int, *, tie_break: str, pad: int = 0) -> torch.Tensor:
     """Indices of the ``k`` largest of ``conf [W]``.
 
@@ -80,9 +86,7 @@ def select_topk(conf: torch.Tensor, k: int, *, tie_break: str, pad: int = 0) -> 
         return torch.empty(0, dtype=torch.long, device=conf.device)
     if tie_break == "stable":
         return torch.sort(conf, descending=True, stable=True).indices[:k]
-    if pad:
-        conf = torch.cat([conf.new_full((pad,), NEG_INF), conf])
-    return torch.topk(conf, k).indices - pad
+    return torch.topk(pad_front(conf, pad), k).indices - pad
 
 
 def threshold_picks(conf: torch.Tensor, threshold: float, *, tie_break: str, pad: int = 0,
@@ -102,41 +106,41 @@ def threshold_picks(conf: torch.Tensor, threshold: float, *, tie_break: str, pad
     if candidates is None or len(candidates) != conf.shape[0]:
         raise ValueError("candidates: one count of candidate positions per row is needed with tie_break='reference'")
     for r, k in enumerate(candidates):
-        if k > 0:
-            picks[r, select_topk(conf[r], int(k), tie_break="reference", pad=pad)[0]] = True
+        if k > 0:  # on the device: no host read of the index, no copy of the value
+            picks[r].scatter_(0, select_topk(conf[r], int(k), tie_break="reference", pad=pad)[:1], True)
     return picks
 
 
 # ------------------------------------------------------------------------------ LLaDA family
+def llada_confidence(logits: torch.Tensor, x0: torch.Tensor, remasking: str, *, softmax_fp64: bool,
+                     rand: RandomSource, rows: list[int], pad: int, full_len: int | None) -> torch.Tensor:
+    """The confidence ``[R, W]`` a remasking strategy ranks the chosen tokens ``x0`` by: their
+    probability (low_confidence; float64 softmax for LaViDa), a uniform draw (random), the negative
+    entropy or the top-2 margin of the distribution (float64)."""
+    if remasking == "low_confidence":
+        p = F.softmax(logits.to(torch.float64) if softmax_fp64 else logits, dim=-1)
+        return torch.gather(p, -1, x0.unsqueeze(-1)).squeeze(-1)
+    if remasking == "random":
+        return rand.uniform(rows, tuple(x0.shape[1:]), device=x0.device, full_len=full_len, offset=pad)
+    if remasking not in ("entropy", "margin"):
+        raise ValueError(f"remasking {remasking!r} is not an LLaDA-family strategy")
+    p = F.softmax(logits.to(torch.float64), dim=-1)
+    if remasking == "entropy":
+        return (p * torch.log(p + 1e-10)).sum(-1)
+    top2 = torch.topk(p, 2, dim=-1).values
+    return top2[..., 0] - top2[..., 1]
+
+
 def add_gumbel_noise(logits: torch.Tensor, temperature: float, uniform: torch.Tensor) -> torch.Tensor:
     """LLaDA's Gumbel-max in float64: exp(logits) / (-log u)^T (argmax == argmax of logits + T*Gumbel)."""
     logits = logits.to(torch.float64)
     return logits.exp() / (-torch.log(uniform)) ** temperature
 
 
-def llada_step(
-    logits: torch.Tensor,
-    window: torch.Tensor,
-    masked: torch.Tensor,
-    block_end: torch.Tensor,
-    counts: list[int] | None,
-    *,
-    rows: list[int],
-    temperature: float,
-    remasking: str,
-    eos_id: int,
-    eot_id: int,
-    logits_eos_inf: bool,
-    confidence_eos_eot_inf: bool,
-    softmax_fp64: bool,
-    tie_break: str,
-    pad: int,
-    rand: RandomSource,
-    full_len: int | None,
-    threshold: float | None = None,
-    candidates: list[int] | None = None,
-    block_start: torch.Tensor | None = None,
-) -> torch.Tensor:
+def llada_step(logits: torch.Tensor, window: torch.Tensor, masked: torch.Tensor, block_end: torch.Tensor,
+               counts: list[int] | None, *, gen, token_ids, rows: list[int], softmax_fp64: bool, pad: int,
+               rand: RandomSource, full_len: int | None, candidates: list[int] | None = None,
+               block_start: torch.Tensor | None = None) -> torch.Tensor:
     """Commit ``counts[r]`` tokens in each row, or with ``threshold`` (``counts`` None) every
     position of the block whose confidence reaches it and at least the most confident one
     (:func:`threshold_picks`; ``candidates[r]``: masked positions left in row r's block); returns
@@ -144,40 +148,30 @@ def llada_step(
 
     logits [R, W, V] (after guidance); window [R, W] current tokens; masked [R, W] bool (masked
     and inside the row's window); block_end [R]: positions >= block_end are outside the current
-    block. ``pad``/``full_len`` describe the reference's layout (prompt positions in front).
+    block. ``gen``: the ``GenerationConfig`` (temperature, remasking, the EOS knobs, tie-break,
+    threshold); ``token_ids``: the model's. ``pad``/``full_len`` describe the reference's layout
+    (prompt positions in front).
     block_start [R] (threshold only): positions before it are no candidates either (none is
     masked unless an earlier block ended with the model's own mask token committed there, which
     then stays, rather than being decoded again inside a later block).
     """
     logits = logits.clone()
-    if logits_eos_inf:
-        logits[..., eos_id] = NEG_INF
-    if temperature > 0:
+    if gen.logits_eos_inf:
+        logits[..., token_ids.eos] = NEG_INF
+    if gen.temperature > 0:
         uniform = rand.uniform(rows, tuple(logits.shape[1:]), dtype=torch.float64, device=logits.device,
                                full_len=full_len, offset=pad)
-        noisy = add_gumbel_noise(logits, temperature, uniform)
+        noisy = add_gumbel_noise(logits, gen.temperature, uniform)
     else:
         noisy = logits
     x0 = noisy.argmax(dim=-1)
-    if confidence_eos_eot_inf:
+    if gen.confidence_eos_eot_inf:
         # As the reference writes it: EOS into the noisy logits (the same tensor as the clean
         # ones at temperature 0), end-of-turn into the clean logits.
-        noisy[..., eos_id] = NEG_INF
-        logits[..., eot_id] = NEG_INF
-    if remasking == "low_confidence":
-        p = F.softmax(logits.to(torch.float64) if softmax_fp64 else logits, dim=-1)
-        conf = torch.gather(p, -1, x0.unsqueeze(-1)).squeeze(-1)
-    elif remasking == "random":
-        conf = rand.uniform(rows, tuple(x0.shape[1:]), device=x0.device, full_len=full_len, offset=pad)
-    elif remasking == "entropy":
-        p = F.softmax(logits.to(torch.float64), dim=-1)
-        conf = (p * torch.log(p + 1e-10)).sum(-1)
-    elif remasking == "margin":
-        p = F.softmax(logits.to(torch.float64), dim=-1)
-        top2 = torch.topk(p, 2, dim=-1).values
-        conf = top2[..., 0] - top2[..., 1]
-    else:
-        raise ValueError(f"remasking {remasking!r} is not an LLaDA-family strategy")
+        noisy[..., token_ids.eos] = NEG_INF
+        logits[..., token_ids.eot] = NEG_INF
+    conf = llada_confidence(logits, x0, gen.remasking, softmax_fp64=softmax_fp64, rand=rand, rows=rows, pad=pad,
+                            full_len=full_len)
     positions = torch.arange(window.shape[1], device=window.device)
     outside = positions[None, :] >= block_end[:, None]
     if block_start is not None:
@@ -185,12 +179,12 @@ def llada_step(
     conf = conf.masked_fill(outside, NEG_INF)
     conf = torch.where(masked, conf, torch.full_like(conf, NEG_INF))
     x0 = torch.where(masked, x0, window)
-    if threshold is not None:
-        return torch.where(threshold_picks(conf, threshold, tie_break=tie_break, pad=pad, candidates=candidates),
-                           x0, window)
+    if gen.threshold is not None:
+        picks = threshold_picks(conf, gen.threshold, tie_break=gen.tie_break, pad=pad, candidates=candidates)
+        return torch.where(picks, x0, window)
     out = window.clone()
     for r, k in enumerate(counts):
-        idx = select_topk(conf[r], int(k), tie_break=tie_break, pad=pad)
+        idx = select_topk(conf[r], int(k), tie_break=gen.tie_break, pad=pad)
         out[r, idx] = x0[r, idx]
     return out
 

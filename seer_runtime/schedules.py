@@ -95,6 +95,12 @@ def _transfer_factor(t: torch.Tensor, s: torch.Tensor) -> np.generic:
 _DREAM_COUNTS: dict[tuple[torch.Tensor, torch.Tensor, int], int] = {}
 
 
+def transfer_probability(t: torch.Tensor, s: torch.Tensor) -> float:
+    """Dream ``origin``'s probability that a masked position is committed at the step ``(t, s)``:
+    ``1 - s / t`` in the schedule's dtype (computed once per pair: no torch op per step)."""
+    return float(_transfer_factor(t, s))
+
+
 def dream_count(mask_count: int, t: torch.Tensor, s: torch.Tensor, last: bool) -> int:
     """Dream's transfer count for one row: ``int(masks * (1 - s / t))`` with ``masks`` a float32
     tensor as Dream has it, everything at the last step. The product is taken in numpy scalars of

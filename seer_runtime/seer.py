@@ -1,4 +1,5 @@
-"""Seer: step-zero end estimation and one-shot truncation of the response window (SPEC.md §1).
+"""Seer: step-zero end estimation and one-shot truncation of the response window (the Seer
+paper, arXiv 2607.14557).
 
 Where Seer cuts the window: :class:`SeerPolicy`. At step 0 layers ``0..probe_layer`` run on the
 full window; after the probe layer (``after_layer``) the MLP activation sparsity of the
@@ -27,10 +28,11 @@ import torch
 import seer_kernels
 
 from .adapter import Taps
+from .batch import BatchState, is_end_token, read_to_host
 from .config import StoredConfig, check, check_bool, check_int, check_real
-from .engine import DecodeRun, Forward, read_to_host
-from .plans import dream_plan
-from .policy import DecodePolicy
+from .policy import LayerHook, Policy
+from .runner import Cut, Forward
+from .window import Extend, Redecode
 
 PROBES = ("sparsity", "eos_prob", "both")
 
@@ -129,209 +131,179 @@ def first_reaching(values: torch.Tensor, threshold: float, live: torch.Tensor | 
     return torch.where(hits, positions, values.shape[1]).amin(dim=1)
 
 
-class SeerPolicy(DecodePolicy):
+class SeerPolicy(Policy):
     """The step-0 probe and cut, the confirmation of ``both``, and the over-truncation guard."""
 
     name = "seer"
+    cuts_at_step0 = True
 
     def __init__(self, config: SeerConfig) -> None:
         self.config = config
 
-    def on_request(self, run: DecodeRun) -> None:
-        bad = [layer for layer in self.config.layers if layer >= run.num_layers]
+    def start(self, state: BatchState, model) -> None:
+        bad = [layer for layer in self.config.layers if layer >= model.num_layers]
         if bad:
-            raise ValueError(f"seer probe layer(s) {bad} out of range: the model has {run.num_layers} layers")
-        batch = run.batch_size
+            raise ValueError(f"seer probe layer(s) {bad} out of range: the model has {model.num_layers} layers")
+        batch = state.batch_size
         self.cut_done = False
-        self.keep_len = [run.width] * batch
+        self.keep_len = [state.width] * batch
         self.boundary: list[int | None] = [None] * batch
         self.guard_events = [0] * batch
         self.premature = [0] * batch
         self.tightened = [0] * batch
         self.profile: torch.Tensor | None = None  # step-0 sparsity of the window, averaged over the probe layers
         self.pending: dict[int, int] = {}  # `both`: re-extensions applied after step 0
-        self._profile_sum: torch.Tensor | None = None
         self.confirm_due = False
         self._checked: set[int] = set()  # cut windows found complete with an end token (final)
         self._asked: list[int] = []  # the windows whose status this step's read brings
-        run.window.cut_pending = True
 
     # -- the cut ---------------------------------------------------------------------------------
-    def _probing(self, fwd: Forward) -> bool:
-        return fwd.step == 0 and not self.cut_done and self.config.probe in ("sparsity", "both")
-
-    def cut(self, run: DecodeRun, keep: list[int]) -> None:
-        """Request ``b`` keeps ``keep[b]`` positions from now on (its plan follows the shorter window)."""
-        for b, n in enumerate(keep):
-            run.window.set(b, n)
-            self.keep_len[b] = n
-            run.plans[b] = run.make_plan(b, n)
-        self.cut_done = True
-        run.window.cut_pending = False
-
-    def graph_key(self, run: DecodeRun, fwd: Forward) -> tuple | None:
+    def plan(self, state: BatchState, fwd: Forward) -> tuple | None:
         """Step 0 probes and cuts (inside its layer loop, or from its logits): never replayed."""
         return None if fwd.step == 0 else ()
 
-    def layer_taps(self, run: DecodeRun, fwd: Forward, layer: int, taps: Taps) -> None:
-        if self._probing(fwd) and layer in self.config.layers:
-            taps.mlp_sparsity_eps = self.config.eps_for(layer)
+    def layers(self, state: BatchState, fwd: Forward) -> LayerHook | None:
+        if fwd.step == 0 and not self.cut_done and self.config.probe in ("sparsity", "both"):
+            return _Probe(self, state)
+        return None
 
-    def after_layer(self, run: DecodeRun, fwd: Forward, layer: int, taps: Taps) -> None:
-        """After the probe layer(s) of step 0: the boundary of every request, and the cut."""
-        if not self._probing(fwd) or layer not in self.config.layers:
-            return
-        s, width, rows = self.config, run.width, len(fwd.rows)
-        part = taps.mlp_sparsity[:rows, fwd.offset: fwd.offset + width]
-        self._profile_sum = part if self._profile_sum is None else self._profile_sum + part
-        if layer != max(s.layers):
-            return
-        self.profile = self._profile_sum / len(s.layers)
-        valid = torch.full((rows,), width, dtype=torch.int32, device=run.device)
-        # LaViDa-Dream's pre-filled first token is part of the answer
-        keep = seer_kernels.snr_boundary(self.profile, valid, tau_jump=s.tau_jump, gamma=s.gamma, window=s.window,
-                                         baseline_window=s.baseline_window,
-                                         min_position=max(s.min_position, run.first_masked))
-        keep_list = keep.tolist()  # the one host read of L* per generation
-        self.boundary = [k - 1 if k < width else None for k in keep_list]
-        self.cut(run, keep_list)
-        self.confirm_due = s.probe == "both"
-        run.narrow_forward(fwd, after_layer=layer)
+    def cut(self, state: BatchState, keep: list[int], *, narrow_logits: bool = False) -> Cut:
+        """Request ``b`` keeps ``keep[b]`` positions from now on (the scheduler plans the shorter windows)."""
+        self.keep_len = list(keep)
+        self.cut_done = True
+        return Cut(dict(enumerate(keep)), narrow_logits)
 
-    def on_logits(self, run: DecodeRun, fwd: Forward, logits: torch.Tensor) -> torch.Tensor:
+    def on_logits(self, state: BatchState, fwd: Forward, logits: torch.Tensor) -> Cut | None:
         if fwd.step != 0:
-            return logits
+            return None
         if self.config.probe == "eos_prob" and not self.cut_done:
-            p_end = end_probability(logits, run.token_ids.end_ids)
+            p_end = end_probability(logits, state.token_ids.end_ids)
             keep = []
             # the one host read of the boundaries per generation
             for b, j in enumerate(first_reaching(p_end, self.config.eos_threshold).tolist()):
-                j = max(j, run.first_masked) if j < p_end.shape[1] else None
+                j = max(j, state.first_masked) if j < p_end.shape[1] else None
                 self.boundary[b] = j
-                keep.append(run.width if j is None else j + 1)
-            self.cut(run, keep)
-            return logits[:, : run.window.longest()]
+                keep.append(state.width if j is None else j + 1)
+            return self.cut(state, keep, narrow_logits=True)
         if self.confirm_due:  # `both`: the sparsity cut of this forward, checked by its logits
             self.confirm_due = False
-            self._confirm(run, fwd, logits)
-        return logits
+            return self._confirm(state, fwd, logits)
+        return None
 
-    def _confirm(self, run: DecodeRun, fwd: Forward, logits: torch.Tensor) -> None:
-        """``both``: check each cut with the end probability of its surviving positions."""
+    def _confirm(self, state: BatchState, fwd: Forward, logits: torch.Tensor) -> Cut | None:
+        """``both``: check each cut with the end probability of its surviving positions; a window
+        tightened to an earlier end is returned as a Cut, a premature one re-extended after step 0."""
         s = self.config
         threshold = s.confirm_threshold if s.confirm_threshold is not None else s.eos_threshold
-        p_end = end_probability(logits, run.token_ids.end_ids)
-        first = first_reaching(p_end, threshold, run.window.live_mask(fwd.index, p_end.shape[1]))
-        cut = [(local, b) for local, b in enumerate(fwd.rows) if run.window[b] < run.width]
+        p_end = end_probability(logits, state.token_ids.end_ids)
+        first = first_reaching(p_end, threshold, state.window.live_mask(fwd.index, p_end.shape[1]))
+        cut = [(local, b) for local, b in enumerate(fwd.rows) if state.window[b] < state.width]
         # where a premature cut re-extends to: the next sparsity boundary after it (or the end)
-        valid = torch.full((1,), run.width, dtype=torch.int32, device=run.device)
+        valid = torch.full((1,), state.width, dtype=torch.int32, device=state.device)
         later = [seer_kernels.snr_boundary(self.profile[local: local + 1], valid, tau_jump=s.tau_jump, gamma=s.gamma,
                                            window=s.window, baseline_window=s.baseline_window,
-                                           min_position=run.window[b]) for local, b in cut]
+                                           min_position=state.window[b]) for local, b in cut]
         hits, *later = read_to_host([first, *later])  # one read for every row's check
+        tightened = {}
         for (local, b), nxt in zip(cut, later):
             j = hits[local]
             if j >= p_end.shape[1]:  # premature: no surviving position looks like an end
                 self.premature[b] += 1
                 self.pending[b] = nxt[0]
-            elif j + 1 < run.window[b]:
+            elif j + 1 < state.window[b]:
                 # an earlier surviving position already ends the answer: tighten to it
                 self.tightened[b] += 1
-                n = max(j + 1, run.first_masked + 1)
-                run.window.set(b, n)
-                self.keep_len[b] = n
-                run.plans[b] = run.make_plan(b, n)
+                tightened[b] = self.keep_len[b] = max(j + 1, state.first_masked + 1)
                 self.boundary[b] = j
+        return Cut(tightened) if tightened else None
 
-    # -- extension and guard ---------------------------------------------------------------------
-    def extend(self, run: DecodeRun, b: int, new_len: int, step: int) -> None:
-        """Give request ``b`` the masked positions ``[length, new_len)`` (at most the full window)
-        from step ``step + 1`` on."""
-        old = run.window[b]
-        new_len = min(run.width, new_len)
-        if new_len <= old:
-            return
-        old_masks = run.window.masks.left(b, 0, old)
-        run.window.set(b, new_len)
-        plan = run.plans[b]
-        if run.rules.family == "dream":
-            # one global schedule: re-plan every mask left (Dream's last step commits all of them)
-            masks = run.window.masks.left(b)
-            run.plans[b] = plan.keep_first(step + 1).then(
-                dream_plan(new_len, run.gen, run.rules, masks=masks, positions=masks))
-            return
-        region = run.make_plan(b, new_len, start=old)
-        if not old_masks:
-            plan = plan.keep_first(step + 1)  # the old window is done: drop its idle remaining steps
-        run.plans[b] = plan.then(region)
-
-    def redecode(self, run: DecodeRun, b: int, step: int) -> None:
-        """Decode request ``b`` again on the full window from step ``step + 1`` on."""
-        run.tokens[b, run.first_masked:] = run.token_ids.mask
-        run.window.reset(b)
-        run.plans[b] = run.plans[b].keep_first(step + 1).then(run.make_plan(b, run.width))
-
-    def _guard_candidates(self, run: DecodeRun) -> list[int]:
+    # -- the guard -------------------------------------------------------------------------------
+    def _guard_candidates(self, state: BatchState) -> list[int]:
         """Cut windows that may have just been filled: those with no mask left on the host's
         count, or every unchecked cut window while the count is still to be read (Dream)."""
-        pending = run.window.masks.pending
-        return [b for b in range(run.batch_size) if run.window[b] < run.width and b not in self._checked
-                and (pending or not run.window.masks.left(b))]
+        pending, window = state.window.masks.pending, state.window
+        return [b for b in range(state.batch_size) if window[b] < state.width and b not in self._checked
+                and (pending or not window.masks.left(b))]
 
-    def step_reads(self, run: DecodeRun, step: int) -> dict[str, torch.Tensor] | None:
+    def step_reads(self, state: BatchState, step: int) -> dict[str, torch.Tensor] | None:
         """The guard's question, asked on the steps where a cut window may have been filled:
         does each such window still hold a mask, and does it hold an end token."""
         self._asked = []
         if not (self.config.guard and self.cut_done):
             return None
-        self._asked = self._guard_candidates(run)
+        self._asked = self._guard_candidates(state)
         if not self._asked:
             return None
         # every request's status (one cached index, no upload of the candidates' rows)
-        return {"seer/window_status": self._window_status(run, list(range(run.batch_size)))}
+        return {"seer/window_status": self._window_status(state, list(range(state.batch_size)))}
 
-    def after_step(self, run: DecodeRun, step: int) -> bool:
-        for b, target in list(self.pending.items()):
-            self.extend(run, b, target, step)
+    def after_step(self, state: BatchState, step: int, values: dict[str, list[int]]) -> list[Extend | Redecode]:
+        changes: list[Extend | Redecode] = [Extend(b, target) for b, target in self.pending.items()]
+        extended = {b for b, target in self.pending.items() if min(state.width, target) > state.window[b]}
         self.pending.clear()
-        guarded = False
-        if self._asked:
-            status = run.step_values["seer/window_status"]
-            for b in self._asked:
-                has_mask, has_end = status[2 * b], status[2 * b + 1]
-                if run.window.masks.left(b) or has_mask:  # not filled yet (or the model wrote the mask id)
-                    continue
-                if has_end:
-                    self._checked.add(b)
-                    continue
-                n = run.window[b]
-                self.guard_events[b] += 1  # fully decoded, no end token: the answer ran into the cut
-                if self.config.guard_mode == "extend":
-                    self.extend(run, b, max(2 * n, n + 4), step)
-                else:
-                    self.redecode(run, b, step)
-                guarded = True
-            self._asked = []
-        return guarded or any(step + 1 < p.steps for p in run.plans)
+        status = values.get("seer/window_status") if self._asked else None
+        for b in self._asked:
+            has_mask, has_end = status[2 * b], status[2 * b + 1]
+            if b in extended or state.window.masks.left(b) or has_mask:  # not filled (or it wrote the mask id)
+                continue
+            if has_end:
+                self._checked.add(b)
+                continue
+            n = state.window[b]
+            self.guard_events[b] += 1  # fully decoded, no end token: the answer ran into the cut
+            changes.append(Extend(b, max(2 * n, n + 4)) if self.config.guard_mode == "extend" else Redecode(b))
+        self._asked = []
+        return changes
 
     @staticmethod
-    def _window_status(run: DecodeRun, rows: list[int]) -> torch.Tensor:
+    def _window_status(state: BatchState, rows: list[int]) -> torch.Tensor:
         """bool ``[len(rows), 2]``: (a mask left, an end token) in each of ``rows``' live windows."""
-        index = run.row_index(rows)
-        width = run.window.longest(rows)
-        window = run.tokens[index, :width]
-        live = run.window.live_mask(index, width)
-        is_end = torch.zeros_like(window, dtype=torch.bool)
-        for t in run.token_ids.end_ids:
-            is_end |= window == t
-        return torch.stack([((window == run.token_ids.mask) & live).any(dim=1), (is_end & live).any(dim=1)], 1)
+        index = state.row_index(rows)
+        width = state.window.longest(rows)
+        window = state.tokens[index, :width]
+        live = state.window.live_mask(index, width)
+        return torch.stack([((window == state.token_ids.mask) & live).any(dim=1),
+                            (is_end_token(window, state.token_ids.end_ids) & live).any(dim=1)], 1)
 
-    def report(self, run: DecodeRun) -> dict:
+    def report(self, state: BatchState) -> dict:
         return {"seer": {
             "keep_len": list(self.keep_len),
             "boundary": list(self.boundary),
-            "final_window": run.window.lengths,
+            "final_window": state.window.lengths,
             "guard_events": list(self.guard_events),
             "premature_cuts": list(self.premature),
             "tightened": list(self.tightened),
         }}
+
+
+class _Probe(LayerHook):
+    """Step 0's probe: after the probe layer(s) the MLP sparsity of the window gives each
+    request's boundary (``seer_kernels.snr_boundary``) and the windows are cut."""
+
+    def __init__(self, seer: SeerPolicy, state: BatchState) -> None:
+        self.seer, self.state = seer, state
+        self._sum: torch.Tensor | None = None
+
+    def taps(self, layer: int, taps: Taps) -> None:
+        if layer in self.seer.config.layers:
+            taps.mlp_sparsity_eps = self.seer.config.eps_for(layer)
+
+    def after(self, layer: int, fwd: Forward, taps: Taps) -> Cut | None:
+        seer, state = self.seer, self.state
+        s, width, rows = seer.config, state.width, len(fwd.rows)
+        if layer not in s.layers:
+            return None
+        part = taps.mlp_sparsity[:rows, fwd.offset: fwd.offset + width]
+        self._sum = part if self._sum is None else self._sum + part
+        if layer != max(s.layers):
+            return None
+        seer.profile = self._sum / len(s.layers)
+        valid = torch.full((rows,), width, dtype=torch.int32, device=state.device)
+        # LaViDa-Dream's pre-filled first token is part of the answer
+        keep = seer_kernels.snr_boundary(seer.profile, valid, tau_jump=s.tau_jump, gamma=s.gamma, window=s.window,
+                                         baseline_window=s.baseline_window,
+                                         min_position=max(s.min_position, state.first_masked))
+        keep_list = keep.tolist()  # the one host read of L* per generation
+        seer.boundary = [k - 1 if k < width else None for k in keep_list]
+        seer.confirm_due = s.probe == "both"
+        return seer.cut(state, keep_list)

@@ -121,11 +121,6 @@ class SyncAudit:
         self._function_mode.__exit__(*exc)
         self._observe.__exit__(*exc)
 
-    def in_range(self, name: str) -> SyncCounts:
-        """What was counted while ``name`` was the innermost open range (zeros if nothing)."""
-        return self.counts.get(name, SyncCounts())
-
-    # -- bookkeeping ----------------------------------------------------------------------------
     def is_host(self, t: torch.Tensor) -> bool:
         ref = self._host.get(id(t))
         return ref is not None and ref() is t

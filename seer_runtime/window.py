@@ -12,6 +12,8 @@ follows the masked positions per block on the host, so that deciding a step neve
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 
@@ -157,3 +159,17 @@ class MaskCounts:
     def reset(self, b: int, length: int) -> None:
         """Request ``b`` is all masks again over ``length`` positions (its pre-filled ones kept)."""
         self._counts[b] = self._full(length)
+
+
+class Extend(NamedTuple):
+    """Request ``b`` gets masked positions up to ``length`` (at most the full window) from the
+    next step on (Seer's over-truncation guard, or a premature cut re-extended)."""
+
+    b: int
+    length: int
+
+
+class Redecode(NamedTuple):
+    """Request ``b`` is decoded again on the full window from the next step on."""
+
+    b: int

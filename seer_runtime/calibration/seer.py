@@ -34,11 +34,13 @@ import torch
 import seer_kernels
 
 from ..adapter import Taps
+from ..batch import BatchState
 from ..config import GenerationConfig, check_int, check_real
-from ..engine import DecodeRun, Forward
 from ..evaluate import Request, pad_left, run_requests
+from ..generation import first_forward
 from ..plans import DecodingRules, dream_plan, llada_plan
-from ..policy import DecodePolicy
+from ..policy import LayerHook, Policy
+from ..runner import Forward
 from ..seer import SeerConfig, end_probability, first_reaching
 
 EPS_FACTORS = (0.05, 0.1, 0.2, 0.3, 0.5)
@@ -59,27 +61,35 @@ class Profiles:
     factors: tuple[float, ...]
 
 
-class Step0Recorder(DecodePolicy):
-    """Records step 0's MLP activation of ``layers`` (window positions) and its end probability."""
+class Step0Recorder(Policy):
+    """Records step 0's MLP activation of ``layer_indices`` (window positions) and its end probability."""
 
     name = "step0_recorder"
+    replayable = False
 
-    def __init__(self, layers: list[int]) -> None:
-        self.layers = set(layers)
+    def __init__(self, layer_indices: list[int]) -> None:
+        self.layer_indices = set(layer_indices)
         self.activations: list[torch.Tensor] = []
         self.end_prob: torch.Tensor | None = None
 
-    def layer_taps(self, run: DecodeRun, fwd: Forward, layer: int, taps: Taps) -> None:
-        if layer in self.layers:
-            taps.keep_mlp_act = True
+    def layers(self, state: BatchState, fwd: Forward) -> LayerHook:
+        recorder = self
 
-    def after_layer(self, run: DecodeRun, fwd: Forward, layer: int, taps: Taps) -> None:
-        if layer in self.layers:
-            self.activations.append(taps.mlp_act[: len(fwd.rows), fwd.offset: fwd.offset + run.width].float())
+        class Record(LayerHook):
+            def taps(self, layer: int, taps: Taps) -> None:
+                if layer in recorder.layer_indices:
+                    taps.keep_mlp_act = True
 
-    def on_logits(self, run: DecodeRun, fwd: Forward, logits: torch.Tensor) -> torch.Tensor:
-        self.end_prob = end_probability(logits, run.token_ids.end_ids).cpu()
-        return logits
+            def after(self, layer: int, fwd: Forward, taps: Taps) -> None:
+                if layer in recorder.layer_indices:
+                    recorder.activations.append(taps.mlp_act[: len(fwd.rows), fwd.offset: fwd.offset + state.width]
+                                                .float())
+
+        return Record()
+
+    def on_logits(self, state: BatchState, fwd: Forward, logits: torch.Tensor) -> None:
+        self.end_prob = end_probability(logits, state.token_ids.end_ids).cpu()
+        return None
 
 
 @torch.no_grad()
@@ -93,10 +103,8 @@ def step0_profiles(model, requests: list[Request], gen: GenerationConfig, *, lay
         batch = requests[start: start + batch_size]
         ids, mask = pad_left([r.prompt_ids for r in batch], model.token_ids.pad)
         recorder = Step0Recorder(layers)
-        run = DecodeRun(model, ids.to(model.device), None if mask is None else mask.to(model.device),
-                        [r.image for r in batch] if model.is_multimodal else None, gen, policies=[recorder],
-                        graphs=None)  # one forward per batch: nothing to replay
-        run.forward(list(range(len(batch))), 0)
+        first_forward(model, ids.to(model.device), attention_mask=None if mask is None else mask.to(model.device),
+                      images=[r.image for r in batch] if model.is_multimodal else None, gen=gen, policies=[recorder])
         per_layer = recorder.activations
         if rms is None:
             rms = torch.stack([a.pow(2).mean().sqrt() for a in per_layer])

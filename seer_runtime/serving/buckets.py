@@ -2,7 +2,7 @@
 
 After Seer's step-0 cut every request keeps its own number ``L*`` of response positions; a
 CUDA graph is captured for a fixed shape, so shapes are rounded up to a small set of buckets
-(SPEC.md §1.4):
+(the Seer paper §3.4):
 
 * **micro-buckets** ``{8, 16, 32, ..., N_max}`` - the padded length ``B_G`` of a static group;
 * **batch buckets** ``{1, 2, 4, 8, 16, 24, ...}`` - the padded row count of a static group
@@ -10,20 +10,15 @@ CUDA graph is captured for a fixed shape, so shapes are rounded up to a small se
 * **packed buckets** - the padded total length ``P`` of a packed (varlen) group, geometric with
   a fixed number of steps per octave so the rounding waste is bounded by a constant fraction.
 
-:class:`BucketTable` rounds a size up to its bucket in O(1) through a precomputed table
-(vLLM's ``bs_to_padded_graph_size``); :meth:`BucketTable.can_run` must hold before
-:meth:`BucketTable.pad` (a size above the largest bucket has no graph). Every table is a
-sorted tuple of distinct positive ints that fit int32 (the kernel's tables are int32).
+Every table is a sorted tuple of distinct positive ints that fit int32 (the kernel's tables are
+int32); the router rounds a size up to its bucket (``seer_kernels.slice_repack_decision``).
 """
 
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
-# above this many entries a lookup list costs too much memory; use bisect instead
-_TABLE_LIMIT = 1 << 20
 _INT32_MAX = 2**31 - 1
 
 
@@ -122,61 +117,3 @@ def packed_buckets(
         k += 1
     out.add(max_tokens)
     return tuple(sorted(out))
-
-
-class BucketTable:
-    """A sorted bucket table with an O(1) round-up lookup.
-
-    ``pad(n)`` is the smallest bucket ``>= n`` for ``0 <= n <= max``; check ``can_run(n)``
-    first (``pad`` raises ``ValueError`` above the largest bucket; ``find`` returns None).
-    Tables whose largest bucket exceeds 2**20 fall back to ``bisect`` (O(log n)).
-    """
-
-    __slots__ = ("name", "buckets", "max", "_lookup")
-
-    def __init__(self, buckets: Iterable[int], *, name: str = "buckets") -> None:
-        self.name = name
-        self.buckets: tuple[int, ...] = check_buckets(name, buckets)
-        self.max: int = self.buckets[-1]
-        self._lookup: list[int] | None = None
-        if self.max <= _TABLE_LIMIT:
-            lookup = []
-            prev = -1
-            for b in self.buckets:
-                lookup.extend([b] * (b - prev))
-                prev = b
-            self._lookup = lookup  # lookup[n] = smallest bucket >= n, for n in [0, max]
-
-    def can_run(self, n: int) -> bool:
-        """Whether some bucket holds ``n`` (``0 <= n <= max``)."""
-        return 0 <= n <= self.max
-
-    def find(self, n: int) -> int | None:
-        """The smallest bucket ``>= n``, or None when ``n`` exceeds the largest bucket."""
-        if n > self.max:
-            return None
-        if n < 0:
-            raise ValueError(f"{self.name}: a size must be >= 0, got {n}")
-        if self._lookup is not None:
-            return self._lookup[n]
-        return self.buckets[bisect_left(self.buckets, n)]
-
-    def pad(self, n: int) -> int:
-        """The smallest bucket ``>= n``; ``ValueError`` when ``not can_run(n)``."""
-        if not self.can_run(n):
-            raise ValueError(
-                f"{self.name}: no bucket holds {n} (the largest is {self.max}); check can_run first"
-            )
-        return self.find(n)
-
-    def __len__(self) -> int:
-        return len(self.buckets)
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.buckets)
-
-    def __contains__(self, n: object) -> bool:
-        return n in self.buckets
-
-    def __repr__(self) -> str:
-        return f"BucketTable({self.name}={list(self.buckets)})"

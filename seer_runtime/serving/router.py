@@ -1,4 +1,5 @@
-"""Padding-Waste-Ratio routing of a batch after Seer's step-0 cut (SPEC.md §1.4).
+"""Padding-Waste-Ratio routing of a batch after Seer's step-0 cut (the Seer
+paper §3.4).
 
 Where the router picks a path: :meth:`Router.route`. Each row ``b`` keeps ``L*_b`` response
 positions; the batch is one group ``G`` (``|G|`` rows, total ``T = sum L*``, longest ``Lmax``),
@@ -36,7 +37,7 @@ from seer_kernels.slice_repack_control import (
 )
 
 from ..config import StoredConfig
-from .buckets import BucketTable, batch_buckets, check_buckets, micro_buckets, packed_buckets
+from .buckets import batch_buckets, check_buckets, micro_buckets, packed_buckets
 
 #: how many distinct length tuples a Router remembers its route for (the oldest is forgotten first)
 ROUTE_MEMO = 1024
@@ -99,10 +100,6 @@ class Route(NamedTuple):
     key: GraphKey | None
     rows: tuple[int, ...]
     stats: RouteStats
-
-    @property
-    def path_name(self) -> str:
-        return PATH_NAMES[self.path]
 
 
 @dataclass(frozen=True)
@@ -179,12 +176,8 @@ class Router:
         if not isinstance(config, RouterConfig):
             raise TypeError(f"config must be a RouterConfig, got {type(config).__name__}")
         self.config = config
-        self.micro = BucketTable(config.micro_buckets, name="micro_buckets")
-        self.packed = BucketTable(config.packed_buckets, name="packed_buckets")
-        self.batch = BucketTable(config.batch_buckets, name="batch_buckets")
-        self._varlen_batch = self.batch.max
+        self._varlen_batch = config.max_batch
         self._keys = self._enumerate_keys()
-        self._key_set = frozenset(self._keys)
         self._routes: dict[tuple[int, ...], Route] = {}  # route's memo: a decode re-routes the same lengths
 
     def route(self, lengths: Sequence[int], *, check: bool = True) -> Route:
@@ -207,9 +200,9 @@ class Router:
             if route is not None:
                 return route
         lens = self._check_lengths(lengths)
-        if len(lens) > self.batch.max:
+        if len(lens) > self.config.max_batch:
             raise ValueError(
-                f"lengths: a batch of {len(lens)} rows exceeds the largest batch bucket {self.batch.max}"
+                f"lengths: a batch of {len(lens)} rows exceeds the largest batch bucket {self.config.max_batch}"
             )
         if len(lens) > MAX_GROUP:
             raise ValueError(
@@ -252,19 +245,16 @@ class Router:
             raise ValueError(f"path must be PATH_STATIC, PATH_VARLEN or None, got {path!r}")
         return tuple(k for k in self._keys if k.path == path)
 
-    def is_valid(self, key: object) -> bool:
-        return key in self._key_set
-
     def _enumerate_keys(self) -> tuple[GraphKey, ...]:
         cfg = self.config
-        sizes = [m for m in self.micro.buckets if m > cfg.eager_max_bucket]
-        max_g = self.batch.max
+        sizes = [m for m in cfg.micro_buckets if m > cfg.eager_max_bucket]
+        max_g = cfg.max_batch
         keys: list[GraphKey] = []
         if not sizes or max_g < 2:
             return ()
         prev = 0
         reachable_batches = []
-        for bb in self.batch.buckets:
+        for bb in cfg.batch_buckets:
             if max(2, prev + 1) <= bb:
                 reachable_batches.append(bb)
             prev = bb
@@ -273,7 +263,7 @@ class Router:
         # the largest total on the varlen path: max_g rows at the largest micro-bucket
         t_max = _largest_varlen_total(max_g, sizes[-1], cfg.tau_pad)
         prev = 0
-        for p in self.packed.buckets:
+        for p in cfg.packed_buckets:
             if prev + 1 <= t_max:
                 keys.append(GraphKey(PATH_VARLEN, self._varlen_batch, p))
             prev = p

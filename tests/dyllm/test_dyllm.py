@@ -15,11 +15,14 @@ import torch.nn.functional as F
 import model_adapters as ma
 import seer_kernels
 from seer_kernels.partial_attention import KEY_CORRECTION_MAX_GAP_LOG2, KEY_CORRECTION_MAX_OLD_MASS
-from seer_runtime import DecodePolicy, DyLLMConfig, GenerationConfig, generate
+from seer_runtime import DyLLMConfig, GenerationConfig, LayerHook, Policy, generate
 from seer_runtime.calibration.dyllm import ATTENTION_MODES
 from seer_runtime.dyllm import DyLLMPolicy, SparseForward
-from seer_runtime.engine import DecodeRun
+from seer_runtime.dyllm.accounting import DyLLMAccounting
+from seer_runtime.dyllm.caches import KINDS
 from seer_runtime.evaluate import pad_left
+from seer_runtime.generation import prepare
+from seer_runtime.runner import ModelRunner
 from seer_runtime.seer import SeerConfig, SeerPolicy
 
 from ..tiny_models import tiny
@@ -81,12 +84,14 @@ def test_tau_above_one_equals_the_baseline_token_for_token(kind, cache):
     assert dy.stats.nfe == base.stats.nfe and dy.stats.steps == base.stats.steps
 
 
-def started_run(model, ids, mask, images, gen, *policies) -> DecodeRun:
-    """A DecodeRun with ``policies``, each told the request has started (what generate() does)."""
-    run = DecodeRun(model, ids, mask, images, gen, policies=policies)
-    for p in policies:
-        p.on_request(run)
-    return run
+def started_call(model, ids, mask, images, gen, *policies):
+    """A ``generate`` call with ``policies`` set up to its first step (its scheduler)."""
+    return prepare(model, ids, attention_mask=mask, images=images, gen=gen, policies=policies, graphs=None)
+
+
+def first_logits(model, ids, mask, images, gen, *policies) -> torch.Tensor:
+    """Step 0's window logits of requests 0-2, the call's state kept (the policies' caches)."""
+    return started_call(model, ids, mask, images, gen, *policies).runner.run([0, 1, 2], 0)[0]
 
 
 @pytest.mark.parametrize("kind", ["llada-8b-instruct", "dream-v0-instruct-7b", "lavida-dream"])
@@ -97,11 +102,12 @@ def test_warm_up_forward_is_bitwise_the_baseline_forward(kind):
     ids, mask, images = batch(model)
     policy = DyLLMPolicy(DyLLMConfig())
     with torch.no_grad():
-        got = started_run(model, ids, mask, images, gen_for(model), policy).forward([0, 1, 2], 0)
-        want = DecodeRun(model, ids, mask, images, gen_for(model)).forward([0, 1, 2], 0)
+        got = first_logits(model, ids, mask, images, gen_for(model), policy)
+        want = first_logits(model, ids, mask, images, gen_for(model))
     assert torch.equal(got, want)
-    assert all(c is not None for c in policy.keys + policy.values + policy.contexts + policy.ffn_outputs)
-    assert policy.records[0]["mode"] == "full" and policy.dense_forwards == [1, 1, 1]
+    c = policy.caches
+    assert all(t is not None for t in c.keys + c.values + c.contexts + c.ffn_outputs)
+    assert policy.accounting.records[0]["mode"] == "full" and policy.dense_forwards == [1, 1, 1]
 
 
 # ------------------------------------------------------------------------------------ one sparse layer
@@ -114,15 +120,16 @@ def _rope(x, cos, sin, full):
 
 
 def oracle_layer(run, policy, i, hidden, caches, gate_rows, fw_offset, rows, prefix, tau, mode="partial"):
+    """``run``: the call's batch state."""
     """The algorithm restated per request on the padded layout (attention in float64, no packing).
 
     mode: the attention of the rows outside the gating set: "partial" (the key-corrected
     update, the default), "paper" (``C_cache + P[:, A] dV``) or "exact"."""
-    model, blk = run.model, run.model.block(i)
+    model, blk = policy.model, policy.model.block(i)
     K, V, C, Fc = (t.clone().double() for t in caches)
     out = hidden.clone()
     salient = []
-    pre = policy.cached_prompt
+    pre = policy.caches.cached_prompt
     for r, b in enumerate(rows):
         wl, lp = run.window[b], run.prompt_len
         pm = run.prompt_mask[b] if run.prompt_mask is not None else torch.ones(lp, dtype=torch.bool)
@@ -140,7 +147,7 @@ def oracle_layer(run, policy, i, hidden, caches, gate_rows, fw_offset, rows, pre
         a = torch.tensor(sorted(gate_rows[r]), dtype=torch.long)  # indices into `fed`
         k_old, v_old = K[b, coord[a]].clone(), V[b, coord[a]].clone()
         K[b, coord[a]], V[b, coord[a]] = k[a], v.double()[a]
-        cap = policy.capacity
+        cap = policy.caches.capacity
         real_keys = torch.cat([pm, torch.arange(cap) < wl]) if pre else torch.arange(cap) < wl
         kk, vv = K[b, real_keys], V[b, real_keys]
         if prefix is not None:
@@ -201,12 +208,12 @@ def test_sparse_layer_matches_a_per_request_oracle(kind, period, mode, monkeypat
     cfg = DyLLMConfig(tau=tau, full_steps=2, prompt_period=period, **ATTENTION_MODES[mode])
     assert cfg.attention_mode == mode
     seen, history, state = [], {}, {}
-    original_forward, original_layer = DecodeRun.forward, model.layer
+    original_forward, original_layer = ModelRunner.run, model.layer
 
-    def forward(self, rows, step, **kw):  # the window each request had at its previous forward
-        now = self.tokens.clone()
+    def forward(self, rows, step, choice=None):  # the window each request had at its previous forward
+        now = self.state.tokens.clone()
         state["prev"] = dict(history)
-        out = original_forward(self, rows, step, **kw)
+        out = original_forward(self, rows, step, choice)
         history.update({b: now[b] for b in rows})
         return out
 
@@ -214,7 +221,7 @@ def test_sparse_layer_matches_a_per_request_oracle(kind, period, mode, monkeypat
         sparse = taps.rows if taps is not None else None
         if sparse is None:  # a warm-up layer
             return original_layer(i, hidden, layout, rope=rope, prefix=prefix, taps=taps)
-        run, policy, fw = sparse.run, sparse.policy, sparse.plan
+        run, policy, fw = sparse.state, sparse.policy, sparse.plan
         maps, padded = fw.maps, fw.padded_input
         dim, lq = padded.shape[-1], padded.shape[1]
 
@@ -237,15 +244,16 @@ def test_sparse_layer_matches_a_per_request_oracle(kind, period, mode, monkeypat
         qrow = maps.query_row
         starts = maps.cu_q[:-1].long()
         gate = [(gate_in[qrow[gate_in] == r] - starts[r]).tolist() for r in range(len(fw.rows))]
-        caches = [t[i].clone() for t in (policy.keys, policy.values, policy.contexts, policy.ffn_outputs)]
+        layer_caches = lambda: [getattr(policy.caches, k)[i].clone() for k in KINDS]  # noqa: E731
+        caches = layer_caches()
         want = oracle_layer(run, policy, i, unpack(hidden), caches, gate, fw.offset, fw.rows, fw.prefix, tau, mode)
         n_in = gate_in.numel()
         got = original_layer(i, hidden, layout, rope=rope, prefix=prefix, taps=taps)
         seen.append((fw.mode, unpack(got), want, n_in, live(fw.gate, fw.gate_count).clone(), qrow, starts,
-                     [t[i].clone() for t in (policy.keys, policy.values, policy.contexts, policy.ffn_outputs)]))
+                     layer_caches()))
         return got
 
-    monkeypatch.setattr(DecodeRun, "forward", forward)
+    monkeypatch.setattr(ModelRunner, "run", forward)
     monkeypatch.setattr(model, "layer", spy)
     generate(model, ids, attention_mask=mask, images=images, gen=gen_for(model), dyllm=cfg)
     if model.is_multimodal:  # prefix cache: the prompt is never fed
@@ -356,14 +364,17 @@ def test_the_key_correction_is_counted_in_the_ideal_flops():
     dims = {"D": 8, "Hd": 8, "Hkd": 8, "I": 16}
     macs = {}
     for mode in ("partial", "paper", "exact"):
-        policy = DyLLMPolicy(DyLLMConfig(**ATTENTION_MODES[mode]))
-        policy.dims = dims
+        accounting = DyLLMAccounting(DyLLMConfig(**ATTENTION_MODES[mode]),
+                                     SimpleNamespace(num_layers=1, hidden_size=8, num_heads=1, head_dim=8,
+                                                     num_kv_heads=1, intermediate_size=16))
+        assert accounting.dims == dims
         fw = SparseForward(rows=[0], index=torch.tensor([0]), step=5, mode="response")
         fw.layer_stats = torch.zeros(1, 5, dtype=torch.float64)
         fw.maps = SimpleNamespace(query_row=torch.zeros(nq, dtype=torch.long), num_queries=nq,
-                                  macs_weights=policy.macs_weights([nq], [nk], lambda v, dt: torch.tensor(v, dtype=dt)))
+                                  macs_weights=accounting.macs_weights([nq], [nk],
+                                                                       lambda v, dt: torch.tensor(v, dtype=dt)))
         fw.gate_masks, fw.salient_masks = [gate_mask], [salient_mask]
-        policy.account(fw)
+        accounting.account(fw)
         gating, salient, union, n_exact, macs[mode] = fw.layer_stats[0].tolist()
         exact = nq if mode == "exact" else a
         cost = 3 if mode == "partial" else 1
@@ -382,8 +393,8 @@ def test_response_only_steps_feed_only_the_window(kind):
     ids, mask, _ = batch(model)
     shapes = {}
 
-    class FedPositions(DecodePolicy):  # composed after DyLLM: sees the layout DyLLM asked for
-        def before_layers(self, run, fwd):
+    class FedPositions(Policy):  # composed after DyLLM: sees the layout DyLLM asked for
+        def layers(self, state, fwd):
             shapes.setdefault(fwd.step, set()).add((fwd.offset + fwd.width, fwd.feed_prompt))
 
     W, Lp = 16, ids.shape[1]
@@ -420,11 +431,16 @@ def test_seer_dyllm_prefix_cache_compose(kind, cache, plant):
     cuts = []
     dyllm = DyLLMPolicy(EXACT)
 
-    class CacheWidths(DecodePolicy):  # composed after DyLLM: the caches as each forward finds them
-        def layer_taps(self, run, fwd, layer, taps):
-            if (fwd.step, layer) == (0, 1) or fwd.step == 1:
-                cuts.append((fwd.step, layer, fwd.width, dyllm.capacity,
-                             [None if k is None else k.shape[1] - dyllm.cached_prompt for k in dyllm.keys]))
+    class CacheWidths(Policy):  # composed after DyLLM: the caches as each forward finds them
+        def layers(self, state, fwd):
+            class Widths(LayerHook):
+                def taps(self, layer, taps):
+                    if (fwd.step, layer) == (0, 1) or fwd.step == 1:
+                        cuts.append((fwd.step, layer, fwd.width, dyllm.caches.capacity,
+                                     [None if k is None else k.shape[1] - dyllm.caches.cached_prompt
+                                      for k in dyllm.caches.keys]))
+
+            return Widths()
 
     ids, mask, images = batch(model)
     base = generate(model, ids, attention_mask=mask, images=images, gen=gen, seer=seer)
@@ -494,18 +510,18 @@ def test_seer_cut_slices_the_caches(plant):
     ids, mask, _ = batch(model)
     plant([5, 9, 3])
     dyllm = DyLLMPolicy(DyLLMConfig())
-    run = started_run(model, ids, mask, None, gen_for(model, 16), SeerPolicy(SeerConfig(probe_layer=1, guard=False)),
-                      dyllm)
-    caches = lambda: dyllm.keys + dyllm.values + dyllm.contexts + dyllm.ffn_outputs  # noqa: E731
+    call = started_call(model, ids, mask, None, gen_for(model, 16), SeerPolicy(SeerConfig(probe_layer=1, guard=False)),
+                        dyllm)
+    caches = lambda: dyllm.caches.keys + dyllm.caches.values + dyllm.caches.contexts + dyllm.caches.ffn_outputs  # noqa: E731
     with torch.no_grad():
-        run.step(0)
-        assert run.window.lengths == [5, 9, 3]
-        run.step(1)  # the next forward fits the caches to the longest surviving window
-    assert dyllm.capacity == 9 and all(t.shape[1] == run.prompt_len + 9 for t in caches())
+        call.step(0)
+        assert call.state.window.lengths == [5, 9, 3]
+        call.step(1)  # the next forward fits the caches to the longest surviving window
+    assert dyllm.caches.capacity == 9 and all(t.shape[1] == call.state.prompt_len + 9 for t in caches())
     assert dyllm.valid == [5, 9, 3]
     with torch.no_grad():
-        run.decode()
-    assert dyllm.keys[0].shape[1] == run.prompt_len + 9
+        call.run()
+    assert dyllm.caches.keys[0].shape[1] == call.state.prompt_len + 9
 
 
 # ------------------------------------------------------------------------------------ errors
@@ -514,7 +530,7 @@ def test_seer_cut_slices_the_caches(plant):
     (lambda: DyLLMConfig(tau=float("nan")), ValueError, "tau must be a finite number"),
     (lambda: DyLLMConfig(tau="0.9"), TypeError, "tau must be a real number"),
     (lambda: DyLLMConfig(full_steps=0), ValueError, "full_steps must be an int >= 1"),
-    (lambda: DyLLMConfig(prompt_period=1.5), ValueError, "prompt_period must be an int >= 1"),
+    (lambda: DyLLMConfig(prompt_period=1.5), TypeError, "prompt_period must be an int, got float"),
     (lambda: DyLLMConfig(approx_attention=1), TypeError, "approx_attention must be a bool"),
     (lambda: DyLLMConfig(key_correction="yes"), TypeError, "key_correction must be a bool"),
     (lambda: DyLLMConfig.from_dict({"tau": 0.9, "threshold": 1}), ValueError, "unknown DyLLMConfig fields"),
@@ -553,9 +569,13 @@ def test_bad_requests_name_the_argument():
     with pytest.raises(TypeError, match="dyllm must be a DyLLMConfig"):
         generate(model, ids, gen=GenerationConfig(gen_length=4), dyllm={"tau": 0.99})
 
-    class AskMlp(DecodePolicy):  # the MLP activation of a layer that computes some rows does not exist
-        def layer_taps(self, run, fwd, layer, taps):
-            taps.keep_mlp_act = True
+    class AskMlp(Policy):  # the MLP activation of a layer that computes some rows does not exist
+        def layers(self, state, fwd):
+            class Ask(LayerHook):
+                def taps(self, layer, taps):
+                    taps.keep_mlp_act = True
+
+            return Ask()
 
     with pytest.raises(ValueError, match="taps cannot be served"):
         generate(model, ids, gen=GenerationConfig(gen_length=4), dyllm=DyLLMConfig(full_steps=1), policies=[AskMlp()])
@@ -612,22 +632,24 @@ def test_contiguous_layouts_read_the_caches_as_views_with_the_same_result(kind, 
     gen = gen_for(model, length=12, prefix_cache=cache)
     dyllm = DyLLMConfig.for_model(model, prompt_period=2, **ATTENTION_MODES[mode])
     seen = {"query": 0, "key": 0}
-    build = DyLLMPolicy._build_maps
+    from seer_runtime.dyllm import policy as dyllm_policy
 
-    def counted(self, *args):
-        maps = build(self, *args)
+    build = dyllm_policy.build_maps
+
+    def counted(*args, **kwargs):
+        maps = build(*args, **kwargs)
         seen["query"] += maps.query_range is not None
         seen["key"] += maps.key_range is not None
         return maps
 
-    monkeypatch.setattr(DyLLMPolicy, "_build_maps", counted)
+    monkeypatch.setattr(dyllm_policy, "build_maps", counted)
     fast = generate(model, ids, gen=gen, dyllm=dyllm)
     assert seen["query"] > 0 and (seen["key"] > 0) == (not cache)  # a prefix cache interleaves the keys
 
-    def index_path(self, *args):
-        return dataclasses.replace(build(self, *args), query_range=None, key_range=None)
+    def index_path(*args, **kwargs):
+        return dataclasses.replace(build(*args, **kwargs), query_range=None, key_range=None)
 
-    monkeypatch.setattr(DyLLMPolicy, "_build_maps", index_path)
+    monkeypatch.setattr(dyllm_policy, "build_maps", index_path)
     slow = generate(model, ids, gen=gen, dyllm=dyllm)
     assert torch.equal(fast.responses, slow.responses)
     assert fast.stats.extra["dyllm"]["steps"] == slow.stats.extra["dyllm"]["steps"]

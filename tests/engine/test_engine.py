@@ -271,7 +271,7 @@ def test_statistics_and_outputs():
     assert out.sequences.shape == (2, 12) and torch.equal(out.sequences[:, :4], ids)
     assert (out.responses != model.token_ids.mask).all()
     window = torch.tensor([[1, 251, 2], [3, 4, 5], [252, 1, 1]])
-    from seer_runtime.engine import first_end_positions
+    from seer_runtime.batch import first_end_positions
     assert first_end_positions(window, (251, 252)).tolist() == [1, -1, 0]
 
 

@@ -105,9 +105,12 @@ def test_triton_path_does_not_call_the_reference(monkeypatch):
         module.row_linear(x, weight, bias, 2)
 
 
-@pytest.mark.parametrize("case", CASES, ids=case_ids)
+BIASES = ["both", "a", "b", "none"]
+
+
+@pytest.mark.parametrize("case,biases", [(c, BIASES[i % len(BIASES)]) for i, c in enumerate(CASES)],
+                         ids=[f"{i}-{BIASES[j % len(BIASES)]}" for j, i in enumerate(case_ids)])
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("biases", ["both", "a", "b", "none"])
 def test_pair_is_two_row_linears_bit_for_bit(case, dtype, biases):
     """One launch, both projections: each output equals row_linear of its weight (the same tile
     code and, under the interpreter, the same tiles), on every backend."""

@@ -12,7 +12,7 @@ import torch
 import model_adapters as ma
 from seer_runtime import DyLLMConfig, GenerationConfig, SeerConfig, generate
 from seer_runtime.evaluate import pad_left
-from seer_runtime.serving.graph_cache import FakeGraphBackend
+from seer_runtime.graphs import FakeGraphBackend
 from seer_runtime.serving.router import RouterConfig
 
 from ..tiny_models import tiny

@@ -5,7 +5,7 @@ collector has run, and no answer is lost (every window decoded; every 8th batch 
 bit to the unrouted run).
 
 What the soak found: a ``generate`` call's graphs outlived it until Python's cyclic collector
-ran; since ``DecodePolicy.release`` breaks the cycle when a call returns, they are freed at once
+ran; since ``Scheduler.release`` breaks the cycle when a call returns, they are freed at once
 (``test_graphs_are_released_when_generate_returns``, with the collector off)."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 import seer_kernels
 from seer_runtime import GenerationConfig, SeerConfig, generate
 from seer_runtime.evaluate import pad_left
-from seer_runtime.serving.graph_cache import FakeGraphBackend, _copy_into
+from seer_runtime.graphs import FakeGraphBackend
 from seer_runtime.serving.router import PATH_STATIC, Router, RouterConfig
 
 from ..tiny_models import tiny
@@ -44,7 +44,7 @@ def planted(monkeypatch):
 
 
 def static_keys() -> int:
-    """The configured bound: the static graph keys a run may capture (``RoutedExecution``)."""
+    """A bound: the static buckets a run may serve (each a graph of its own)."""
     return sum(1 for k in Router(ROUTER).valid_keys(PATH_STATIC) if k.length <= W)
 
 
@@ -66,21 +66,17 @@ class SoakBackend(FakeGraphBackend):
     def capture(self, fn, pool, key):
         handle, outputs = super().capture(fn, pool, key)
         self.captured.clear()
-        self.capture_pools.clear()
         self.captures += 1
         self.refs.append(weakref.ref(handle))
         return handle, outputs
 
     def replay(self, handle) -> None:
-        _copy_into(handle.outputs, handle.fn())
+        super().replay(handle)
+        self.replayed.clear()
         self.replays += 1
 
     def release(self, handle) -> None:
         self.releases += 1
-
-    def new_pool(self):
-        self.pools.clear()
-        return super().new_pool()
 
 
 def live_tensors() -> int:

@@ -21,7 +21,7 @@ from seer_kernels.slice_repack_control import (
     PATH_VARLEN,
     slice_repack_decision,
 )
-from seer_runtime.serving.buckets import BucketTable, batch_buckets, check_buckets, micro_buckets, packed_buckets
+from seer_runtime.serving.buckets import batch_buckets, check_buckets, micro_buckets, packed_buckets
 from seer_runtime.serving.router import GraphKey, Route, Router, RouterConfig, RouterStats
 
 pytestmark = [pytest.mark.router]
@@ -87,10 +87,9 @@ def test_packed_buckets_exact_and_waste_bound():
         table = packed_buckets(40000, per_octave=per_octave, align=16)
         assert table[-1] == 40000
         assert all(b % 16 == 0 for b in table[:-1])
-        lookup = BucketTable(table)
         # rounding a total up never costs more than one step of the geometric ladder plus alignment
         for t in range(64, 40001, 97):
-            p = lookup.pad(t)
+            p = table[bisect_left(table, t)]
             assert p >= t
             assert p <= math.ceil(t * 2 ** (1 / per_octave) / 16) * 16, (per_octave, t, p)
 
@@ -114,28 +113,6 @@ def test_check_buckets_errors_name_the_argument(values, exc, text):
         check_buckets("micro_buckets", values)
     with pytest.raises(exc, match=text):
         RouterConfig(micro_buckets=values)
-
-
-@pytest.mark.parametrize("table", [(8,), (8, 16, 32, 64, 100), (1, 2, 3, 7, 64, 65, 300)])
-def test_bucket_table_pad_is_the_next_bucket(table):
-    t = BucketTable(table, name="micro_buckets")
-    for n in range(0, t.max + 1):
-        assert t.can_run(n)
-        assert t.pad(n) == t.find(n) == table[bisect_left(table, n)]
-    assert not t.can_run(t.max + 1) and t.find(t.max + 1) is None
-    assert not t.can_run(-1)
-    with pytest.raises(ValueError, match="micro_buckets: no bucket holds"):
-        t.pad(t.max + 1)
-    with pytest.raises(ValueError, match="micro_buckets"):
-        t.pad(-1)
-    assert list(t) == list(table) and len(t) == len(table) and table[0] in t
-
-
-def test_bucket_table_large_uses_bisect():
-    t = BucketTable((8, 3 * 2**20, 2**22))
-    assert t._lookup is None  # a 4M-entry list would waste memory
-    assert t.pad(9) == 3 * 2**20 and t.pad(3 * 2**20) == 3 * 2**20 and t.pad(3 * 2**20 + 1) == 2**22
-    assert t.find(2**22 + 1) is None
 
 
 # ------------------------------------------------------------------------------------ config
@@ -228,7 +205,7 @@ def test_single_route_equals_slice_repack_decision(lens, tau, n_max, eager_max):
     assert route.rows == tuple(range(len(lens)))
     assert_matches_kernel(router, route, lens)
     if route.key is not None:
-        assert router.is_valid(route.key)
+        assert route.key in router.valid_keys()
 
 
 def test_tau_pad_boundary_exactly():
@@ -289,7 +266,8 @@ def test_edges():
     assert r.path == PATH_STATIC and r.key == GraphKey(PATH_STATIC, 40, 32) and r.stats.padded_tokens == 0
     # all L* equal between buckets: PWR = 1 - 20/32 > 0.2 -> packed
     r = router.route([20] * 40)
-    assert r.path == PATH_VARLEN and r.key.length == router.packed.pad(800) and r.stats.useful_tokens == 800
+    assert r.path == PATH_VARLEN and r.stats.useful_tokens == 800
+    assert r.key.length == cfg.packed_buckets[bisect_left(cfg.packed_buckets, 800)]
     # L* = 1 everywhere: bucket 8, PWR 0.875 -> packed into the smallest packed bucket
     r = router.route([1] * 10)
     assert r.path == PATH_VARLEN and r.key == GraphKey(PATH_VARLEN, 64, cfg.packed_buckets[0])
@@ -378,7 +356,7 @@ def test_every_routed_key_is_valid():
         router = Router(cfg)
         n = rng.randint(1, cfg.batch_buckets[-1])
         route = router.route(random_lengths(rng, n, 140))
-        assert route.key is None or router.is_valid(route.key), (cfg, route)
+        assert route.key is None or route.key in router.valid_keys(), (cfg, route)
 
 
 # ------------------------------------------------------------------------------------ statistics

@@ -67,10 +67,21 @@ def test_router_argument_is_checked():
 
 
 @pytest.mark.parametrize("kind", ["lavida-llada", "lavida-dream"])
-def test_static_groups_replay_through_the_graph_cache(kind, monkeypatch):
-    """With the prefix cache, static groups run from persistent buffers through the graph cache:
-    captured once per key (here by the fake backend), replayed every step, same outputs."""
-    from seer_runtime.serving.graph_cache import FakeGraphBackend
+def test_static_groups_replay_from_their_bucket(kind, monkeypatch):
+    """With the prefix cache, static groups run from their bucket's persistent buffers: one graph
+    per bucket, captured once (here by the fake backend), replayed every step, same outputs; the
+    buffers are allocated for the bucket served, not for the largest one the router knows."""
+    from seer_runtime.graphs import BucketInputs, FakeGraphBackend
+    from seer_runtime.serving import routed
+
+    allocated = []
+
+    class Recorded(BucketInputs):
+        def __init__(self, batch, length, *args, **kwargs):
+            super().__init__(batch, length, *args, **kwargs)
+            allocated.append((batch, length))
+
+    monkeypatch.setattr(routed, "BucketInputs", Recorded)
 
     model = tiny(kind)
     planted = torch.tensor([9, 12, 11, 10], dtype=torch.int32)
@@ -86,4 +97,8 @@ def test_static_groups_replay_through_the_graph_cache(kind, monkeypatch):
     report = out.stats.extra["router"]
     assert "STATIC" in report and out.stats.extra["graphs"]["replays"] > 0
     assert len(set(backend.captured)) == len(backend.captured), "each key is captured once"
-    assert len(backend.replayed) >= 5
+    buckets = [k for k in backend.captured if k[0] == "bucket"]
+    assert buckets and len(backend.replayed) >= 5
+    assert allocated and all(b <= 4 and n == 16 for b, n in allocated), (
+        f"buckets sized to the groups served (at most 4 rows of 16 positions), not the router's 8: {allocated}")
+    assert len(allocated) == len(set(allocated)), "a bucket's buffers are allocated once"

@@ -1,4 +1,4 @@
-"""Forwards replayed from graphs (``seer_runtime.step_graphs``): the first forward of a key runs
+"""Forwards replayed from graphs (``seer_runtime.graphs``): the first forward of a key runs
 eagerly, the second is captured, later ones replay; a replay re-runs no Python. With the
 recording backend (a CUDA graph's semantics on the CPU: recorded ops re-executed, host decisions
 frozen, host reads refused during a capture) every family and mode decodes token for token what
@@ -13,22 +13,19 @@ import torch
 
 from seer_kernels import emulate_device, kernel_backend
 from seer_runtime import generate
+from seer_runtime.commit import DreamRule
+from seer_runtime.graphs import Graphs, RecordingGraphBackend, resolve_backend
 from seer_runtime.plans import DecodingRules
-from seer_runtime.serving.graph_cache import FakeGraphBackend, RecordingGraphBackend
-from seer_runtime.step_graphs import ForwardGraphs, resolve_backend
 
 from ..tiny_models import tiny
-from .workloads import KINDS, W, batch, modes
+from .workloads import KINDS, batch, modes
 
 pytestmark = [pytest.mark.engine]
 
 
 def _decode(model, gen, kw, graphs):
     ids, mask, images = batch(model)
-    kw = dict(kw)
-    if kw.get("graphs") == "fake":  # the router's own static-path cache
-        kw["graphs"] = FakeGraphBackend()
-    kw["graphs"] = graphs
+    kw = {**kw, "graphs": graphs}
     with kernel_backend("reference"), emulate_device(), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         return generate(model, ids, attention_mask=mask, images=images, gen=gen, **kw)
@@ -44,13 +41,8 @@ def test_replayed_forwards_decode_what_eager_ones_do(kind):
         graphed = _decode(model, gen, kw, backend)
         assert torch.equal(eager.sequences, graphed.sequences), f"{kind} {name}: sequences differ"
         a, b = eager.stats, graphed.stats
-        assert (a.nfe, a.tokens_computed_per_request, a.steps) == (
-            b.nfe, b.tokens_computed_per_request, b.steps), f"{kind} {name}: statistics differ"
-        if name == "cut+router:static":  # the graph cache also computes the rows that pad a group to its batch bucket
-            width = W * model.num_layers  # the bucket is the whole window
-            assert b.tokens_computed >= a.tokens_computed and (b.tokens_computed - a.tokens_computed) % width == 0
-        else:
-            assert a.tokens_computed == b.tokens_computed, f"{kind} {name}: tokens computed differ"
+        assert (a.nfe, a.tokens_computed, a.tokens_computed_per_request, a.steps) == (
+            b.nfe, b.tokens_computed, b.tokens_computed_per_request, b.steps), f"{kind} {name}: statistics differ"
         for policy in ("seer", "dyllm", "router"):
             assert a.extra.get(policy) == b.extra.get(policy), f"{kind} {name}: {policy} statistics differ"
         assert len(set(backend.captured)) == len(backend.captured), "each key is captured once"
@@ -60,15 +52,15 @@ def test_replayed_forwards_decode_what_eager_ones_do(kind):
         if name == "cut+router:packed":  # the router's packed groups hold the step's token choice
             chosen = [k for k in backend.replayed if k[0] == "packed" and k[3] in ("llada", "dream")]
             assert chosen, f"{kind} {name}: no packed unit with its token choice replayed"
-        if name == "cut+router:static":  # a static group's choice replays after the graph cache's forward
-            chosen = [k for k in backend.replayed if isinstance(k, tuple) and k[0] == "static+chosen"]
+        if name == "cut+router:static":  # a static group's choice replays after its bucket's forward
+            chosen = [k for k in backend.replayed if isinstance(k, tuple) and k[0] == "bucket+chosen"]
             assert chosen, f"{kind} {name}: no static group's token choice replayed"
     assert replayed > 50
 
 
 def test_a_key_runs_eagerly_then_is_captured_then_replays():
     backend = RecordingGraphBackend()
-    graphs = ForwardGraphs(backend)
+    graphs = Graphs(backend)
     state = torch.zeros(3)
     calls = []
 
@@ -86,7 +78,7 @@ def test_a_key_runs_eagerly_then_is_captured_then_replays():
 
 
 def test_a_capture_that_reads_the_host_fails_loudly():
-    graphs = ForwardGraphs(RecordingGraphBackend())
+    graphs = Graphs(RecordingGraphBackend())
     x = torch.ones(2)
     graphs.run("k", lambda: x * int(x.sum()))
     with warnings.catch_warnings():
@@ -98,7 +90,7 @@ def test_a_capture_that_reads_the_host_fails_loudly():
 
 def test_graphs_are_bounded_and_released():
     backend = RecordingGraphBackend()
-    graphs = ForwardGraphs(backend, max_graphs=2)
+    graphs = Graphs(backend, max_graphs=2)
     x = torch.ones(1)
     for key in range(4):
         for _ in range(2):
@@ -122,13 +114,13 @@ def test_backend_choice():
     with pytest.raises(TypeError, match="lacks the method"):
         resolve_backend(object(), torch.device("cpu"))
     with pytest.raises(ValueError, match="max_graphs"):
-        ForwardGraphs(None, max_graphs=0)
+        Graphs(None, max_graphs=0)
 
 
 @pytest.mark.parametrize("kind", ["dream-v0-instruct-7b", "lavida-dream"])
 def test_dream_steps_replay_their_token_choice_with_the_forward(kind):
     """A greedy Dream step is one graph unit (forward and token choice;
-    ``DecodeRun._choose_dream``) when its rows commit the same number of positions, or with
+    ``commit.DreamRule.choice``) when its rows commit the same number of positions, or with
     ``tie_break="stable"`` any numbers: same tokens as eager for every ranking, tie-break and
     commit count. Where the choice needs a ranking per row (LaViDa-Dream ranks the masked
     positions only, with ``torch.topk``'s ties) or a draw, it runs eagerly."""
@@ -144,13 +136,13 @@ def test_dream_steps_replay_their_token_choice_with_the_forward(kind):
                 where = f"{kind} {alg} {tie_break} steps={steps}"
                 assert torch.equal(eager.sequences, graphed.sequences), where
                 assert (eager.stats.nfe, eager.stats.steps) == (graphed.stats.nfe, graphed.stats.steps), where
-                units = [key for key in backend.captured if key[:2] == ("padded+chosen", "dream")]
+                units = [key for key in backend.captured if key[:2] == ("padded", "dream")]
                 if tie_break == "reference" and DecodingRules.of(model).ranks_masked_only:
                     assert not units, where
                 else:
                     assert units and backend.replayed, where
     sampled = _decode(model, base.replace(temperature=0.5), {}, backend := RecordingGraphBackend())
-    assert sampled.sequences.shape[0] and not [key for key in backend.captured if key[:2] == ("padded+chosen", "dream")]
+    assert sampled.sequences.shape[0] and not [key for key in backend.captured if key[:2] == ("padded", "dream")]
 
 
 @pytest.mark.parametrize("kind", ["dream-v0-instruct-7b", "lavida-dream"])
@@ -160,28 +152,28 @@ def test_dream_rows_with_their_own_counts_replay_their_choice(kind, monkeypatch)
     buffer (no count in the key: one graph per layout), and it decodes the eager tokens, padded
     and routed. Before, each such step sampled eagerly."""
     from bench.workloads import OracleCut
-    from seer_runtime.engine import DecodeRun
 
     steps_seen = {}  # step -> [rows commit different counts, the choice ran Python]
     current = []
-    counts_of, choose, sample = DecodeRun._dream_static_counts, DecodeRun._choose_dream, DecodeRun._sample_dream
+    choice_of, choose, commit = DreamRule.choice, DreamRule._choose, DreamRule.commit
 
-    def watched_counts(self, rows, step):
-        counts = counts_of(self, rows, step)
+    def watched_choice(self, state, rows, step):
+        counts = self.counts(state, rows, step, state.window.masks.window_left(rows))
+        choice = choice_of(self, state, rows, step)
         current[:] = [step]
-        steps_seen[step] = [counts is not None and len(set(counts)) > 1, False]
-        return counts
+        steps_seen[step] = [choice is not None and len(set(counts)) > 1, False]
+        return choice
 
     def ran(method):
         def run(self, *args, **kwargs):
-            if current:  # (the eager decode chooses no unit: it never asks for the counts)
+            if current:  # (the eager decode chooses no unit: it never asks for the choice)
                 steps_seen[current[0]][1] = True  # a replayed unit runs no Python
             return method(self, *args, **kwargs)
         return run
 
-    monkeypatch.setattr(DecodeRun, "_dream_static_counts", watched_counts)
-    monkeypatch.setattr(DecodeRun, "_choose_dream", ran(choose))
-    monkeypatch.setattr(DecodeRun, "_sample_dream", ran(sample))
+    monkeypatch.setattr(DreamRule, "choice", watched_choice)
+    monkeypatch.setattr(DreamRule, "_choose", ran(choose))
+    monkeypatch.setattr(DreamRule, "commit", ran(commit))
     model = tiny(kind)
     base = modes(model)["baseline"][0]
     router = modes(model)["cut+router:packed"][1]["router"]

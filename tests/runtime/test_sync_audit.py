@@ -11,8 +11,8 @@ import warnings
 import pytest
 
 from seer_kernels import emulate_device, kernel_backend
-from seer_runtime import DecodePolicy, generate
-from seer_runtime.serving.graph_cache import FakeGraphBackend
+from seer_runtime import Policy, generate
+from seer_runtime.graphs import FakeGraphBackend
 from seer_runtime.sync_audit import SyncAudit
 
 from ..tiny_models import tiny
@@ -21,19 +21,19 @@ from .workloads import KINDS, batch, modes
 pytestmark = [pytest.mark.engine]
 
 
-class StepStates(DecodePolicy):
+class StepStates(Policy):
     """Per step that ran a forward: (the requests it decoded, their window lengths, each request's
     block) as they were during the step; None for a step without a forward."""
 
     def __init__(self):
         self.states, self._done = [], None
 
-    def step_reads(self, run, step):
-        done = self._done or [0] * run.batch_size
-        ran = tuple(b for b, (now, before) in enumerate(zip(run.steps_done, done)) if now > before)
-        self._done = list(run.steps_done)
-        blocks = tuple(p.block_starts[step] if step < p.steps else None for p in run.plans)
-        self.states.append((ran, tuple(run.window.lengths), blocks) if ran else None)
+    def step_reads(self, state, step):
+        done = self._done or [0] * state.batch_size
+        ran = tuple(b for b, (now, before) in enumerate(zip(state.steps_done, done)) if now > before)
+        self._done = list(state.steps_done)
+        blocks = tuple(p.block_starts[step] if step < p.steps else None for p in state.plans)
+        self.states.append((ran, tuple(state.window.lengths), blocks) if ran else None)
         return None
 
 

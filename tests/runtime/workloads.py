@@ -2,7 +2,8 @@
 batch of four (images for LaViDa), and every mode the engine composes (baseline, each Seer probe,
 DyLLM's attention modes, Seer+DyLLM, the router's static / packed paths after a fixed cut, with
 and without the prefix cache, Seer+router+DyLLM, CFG, confidence thresholds alone and with Seer,
-DyLLM and the block caches)."""
+DyLLM and the block caches, every commit rule greedy - LLaDA's remasking strategies (random too),
+Dream's algorithms - and both tie-breaks)."""
 
 from __future__ import annotations
 
@@ -55,6 +56,15 @@ def modes(model):
     out["threshold"] = (fast, {})
     out["threshold+seer"] = (fast, {"seer": SeerConfig(**seer)})
     out["threshold+dyllm"] = (fast, {"dyllm": DyLLMConfig(tau=0.999, full_steps=2)})
+    out["threshold:reference"] = (fast.replace(tie_break="reference"), {})
+    out["reference"] = (gen.replace(tie_break="reference"), {})
+    if model.family == "llada":
+        for remasking in ("random", "margin", "entropy"):  # (seeded: random draws)
+            out[f"remasking:{remasking}"] = (gen.replace(remasking=remasking, seed=5), {})
+        out["threshold:reference+block_cache:dual"] = (fast.replace(tie_break="reference", block_cache="dual"), {})
+    else:
+        for alg in ("origin", "maskgit_plus", "topk_margin"):  # (seeded: origin draws which positions commit)
+            out[f"alg:{alg}"] = (gen.replace(alg=alg, seed=5), {})
     if model.family == "llada":
         out["threshold+block_cache:prefix"] = (fast.replace(block_cache="prefix"), {})
         out["threshold+block_cache:dual"] = (fast.replace(block_cache="dual"), {"seer": SeerConfig(**seer)})

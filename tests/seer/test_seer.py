@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import seer_kernels
-from seer_runtime import DecodePolicy, GenerationConfig, generate
-from seer_runtime.engine import DecodeRun
+from seer_runtime import GenerationConfig, LayerHook, Policy, generate
 from seer_runtime.evaluate import pad_left
+from seer_runtime.runner import ModelRunner
 from seer_runtime.seer import SeerConfig
 
 from ..tiny_models import tiny
@@ -25,16 +25,16 @@ def scripted(monkeypatch):
     """Make ``model.head`` emit a fixed window per request: answer, end-of-turn, EOS padding,
     earlier positions more confident (so decoding goes left to right)."""
     rows_of_forward = {}
-    original = DecodeRun.forward
+    original = ModelRunner._compute
 
-    def forward(self, rows, step, **kw):  # remember which requests the forward's rows are
-        rows_of_forward["rows"] = rows
+    def compute(self, fwd):  # remember which requests the forward's rows are
+        rows_of_forward["rows"] = fwd.rows
         try:
-            return original(self, rows, step, **kw)
+            return original(self, fwd)
         finally:
             rows_of_forward.pop("rows", None)
 
-    monkeypatch.setattr(DecodeRun, "forward", forward)
+    monkeypatch.setattr(ModelRunner, "_compute", compute)
     return lambda model, answers: _scripted(model, answers, rows_of_forward)
 
 
@@ -72,14 +72,22 @@ def plant(monkeypatch):
     return _plant
 
 
-class LayerInputs(DecodePolicy):
+class LayerInputs(Policy):
     """Records (step, layer, positions of the layer's input) of every layer that runs."""
+
+    replayable = False
 
     def __init__(self):
         self.seen = []
 
-    def layer_taps(self, run, fwd, layer, taps):
-        self.seen.append((fwd.step, layer, fwd.hidden.shape[1]))
+    def layers(self, state, fwd):
+        seen = self.seen
+
+        class Record(LayerHook):
+            def taps(self, layer, taps):
+                seen.append((fwd.step, layer, fwd.hidden.shape[1]))
+
+        return Record()
 
 
 @pytest.mark.usefixtures("reference_kernels")
