@@ -15,8 +15,9 @@ errors``; the exit status is 1 on any error (a compile that raised, or shared me
 limit). ``--json PATH`` writes every row.
 
 Speed (the CI test runs it): a compile is keyed by kernel, specialisation and config, and a key
-seen before in the run is not compiled again (one op's kernel called at several sizes, or one
-kernel behind two ops); Triton's cache is a fresh directory per run (a warm cache would hide
+seen before in the run is not compiled again (one op's kernel called at several sizes, one kernel
+behind two ops, or a kernel whose specialisation does not involve the dtype: it is listed under
+the first dtype only); Triton's cache is a fresh directory per run (a warm cache would hide
 ptxas's report), shared by ``--jobs`` worker processes that split the compiles between them
 (each worker makes the same calls in the same order and compiles every ``jobs``-th new key).
 
@@ -185,9 +186,10 @@ def compile_worker(worker: int, jobs: int, dtypes: tuple[str, ...], capability: 
     original_use_triton = _dispatch.use_triton
     _dispatch.use_triton = lambda tensor: _dispatch.current_backend() != "reference"
     try:
-        for dtype_name in dtypes:
-            compiler = _Compiler(worker=worker, jobs=jobs, dtype=dtype_name,
-                                 first_config_only=dtype_name in first_config_only)
+        compiler = _Compiler(worker=worker, jobs=jobs, dtype=dtypes[0])  # one key table: a kernel whose
+        for dtype_name in dtypes:  # specialisation does not depend on the dtype compiles once
+            compiler.dtype = dtype_name
+            compiler.first_config_only = dtype_name in first_config_only
             calls = model_shape_calls("cpu", getattr(torch, dtype_name))
             with _compile_instead_of_launch(compiler, capability):
                 for op, (fn, args, kwargs) in calls.items():
@@ -203,7 +205,7 @@ def compile_worker(worker: int, jobs: int, dtypes: tuple[str, ...], capability: 
                                                   "dtype": dtype_name, "shared": None, "registers": None,
                                                   "spill_bytes": None, "seconds": None,
                                                   "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
-            rows += compiler.rows
+        rows += compiler.rows
     finally:
         _dispatch.use_triton = original_use_triton
     return rows
@@ -232,8 +234,7 @@ def compile_all(*, target: str = "sm_90", dtypes: tuple[str, ...] = DTYPES, jobs
                 parts = [pool.submit(compile_worker, w, jobs, dtypes, capability, only, first_only)
                          for w in range(jobs)]
                 rows = [r for p in parts for r in p.result()]
-    order = {d: i for i, d in enumerate(dtypes)}
-    return sorted(rows, key=lambda r: (order[r["dtype"]], r["number"]))
+    return sorted(rows, key=lambda r: r["number"])
 
 
 def format_table(rows: list[dict]) -> str:
