@@ -290,31 +290,38 @@ def stage_tests(dry_run: bool, deadline_s: float, out_dir: str | None, rates: di
     """``pytest -m gpu``: every gpu-marked test (kernels, DyLLM's captured sequence, the graph cache)."""
     missing = [m for m in ("pytest", "hypothesis") if importlib.util.find_spec(m) is None]
     cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "tests/kernels", "tests/runtime", "-p", "no:cacheprovider",
-           "-q", "-rfEs", "--benchmark-disable"]
+           "-rfEs", "--benchmark-disable"]
     check = "pytest -m gpu tests/kernels tests/runtime"
     if missing:
         emit_row(row(check, None, f"not run: {', '.join(missing)} not installed", ok=False))
         return
-    if dry_run:
-        cmd += ["--collect-only"]
+    # a dry run collects; a run prints one line per test, counted if the deadline cuts it short
+    cmd += ["-q", "--collect-only"] if dry_run else ["-vv"]  # pytest.ini adds -q
     env = dict(os.environ, TRITON_INTERPRET="0")  # tests/conftest.py would default it to 1
-    start = time.perf_counter()
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=max(5, deadline_s - 5))
-    output = done.stdout + done.stderr
+    from bench.sanitize_kernels import run_captured
+
+    code, output, seconds = run_captured(cmd, env, max(5.0, deadline_s - 5))
     print(output[-6000:], flush=True)
+    if code is None:  # killed at the deadline: what ran so far
+        passed, failed = output.count(" PASSED"), output.count(" FAILED") + output.count(" ERROR")
+        emit_row(row(check, None, f"cut at the stage deadline ({seconds:.0f} s): {passed} passed, {failed} failed "
+                                  "so far", ok=False if failed else None))
+        return
     summary = next((line.strip(" =") for line in reversed(output.splitlines())
                     if any(w in line for w in (" passed", " failed", " error", " skipped", " deselected"))), None)
     if summary is None:  # --collect-only -q prints "path: count" per file
         counts = [int(line.rsplit(":", 1)[1]) for line in output.splitlines()
                   if line.startswith("tests/") and line.rsplit(":", 1)[-1].strip().isdigit()]
         summary = f"{sum(counts)} gpu tests collected in {len(counts)} files" if counts else "no summary"
-    ok = done.returncode == 0 if not dry_run else done.returncode in (0, 5)
-    emit_row(row(check, None, f"{summary} (rc {done.returncode}, {time.perf_counter() - start:.0f} s)", ok=ok))
+    ok = code == 0 if not dry_run else code in (0, 5)
+    emit_row(row(check, None, f"{summary} (rc {code}, {seconds:.0f} s)", ok=ok))
 
 
 def stage_kernels(dry_run: bool, deadline_s: float, out_dir: str | None, rates: dict | None) -> None:
+    """The kernel harnesses with ``quick=True`` (``SEER_GPU_CHECK_FAMILIES``: some of :data:`FAMILIES`)."""
     start = time.perf_counter()
-    for module_name in KERNEL_FAMILIES:
+    chosen = [f for f in os.environ.get("SEER_GPU_CHECK_FAMILIES", "").split(",") if f]
+    for module_name in [FAMILIES[f] for f in chosen] or KERNEL_FAMILIES:
         family = module_name.rsplit(".", 1)[1].removeprefix("bench_")
         if time.perf_counter() - start > deadline_s * 0.9:
             emit_row(row(f"{family}", None, "not run: the stage deadline"))
@@ -506,12 +513,17 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"seconds for every stage together (default {DEFAULT_DEADLINE_S})")
     parser.add_argument("--dry-run", action="store_true", help="the plan, then every stage on the CPU at tiny shapes")
     parser.add_argument("--plan-only", action="store_true", help="the plan alone")
-    parser.add_argument("--only", default="", help=f"comma-separated stages of {STAGES}")
+    parser.add_argument("--only", default="", help=f"comma-separated stages of {STAGES} (or kernel families of "
+                                                   f"{list(FAMILIES)}: the kernels stage with those alone)")
     parser.add_argument("--skip", default="", help="comma-separated stages to leave out (e.g. sanitizer)")
     parser.add_argument("--stage", default="", help=argparse.SUPPRESS)  # a stage process (the driver runs these)
     parser.add_argument("--stage-deadline-s", type=float, default=0.0, help=argparse.SUPPRESS)
     parser.add_argument("--rates", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    families = [f for f in args.only.split(",") if f in FAMILIES]
+    if families:  # ``--only dyllm_kernels``: the kernels stage with that harness alone
+        os.environ["SEER_GPU_CHECK_FAMILIES"] = ",".join(families)
+        args.only = ",".join(dict.fromkeys("kernels" if f in FAMILIES else f for f in args.only.split(",") if f))
     for name in ("only", "skip"):
         chosen = [s for s in getattr(args, name).split(",") if s]
         unknown = [s for s in chosen if s not in STAGES]

@@ -251,6 +251,7 @@ class StepEvents(DecodePolicy):
     def __init__(self) -> None:
         self.marks: list = []
         self.steady: list[bool] = []
+        self.counters: dict = {}  # run.graphs' counters at the last step (where stats.extra lacks them)
 
     def _mark(self, run) -> None:
         if run.device.type == "cuda":
@@ -274,6 +275,9 @@ class StepEvents(DecodePolicy):
         captures, eager, replays = (a - b for a, b in zip(now, self._last))
         self.steady.append(replays > 0 and captures == 0 and eager == 0)
         self._last = now
+        counters = getattr(getattr(run, "graphs", None), "counters", None)
+        if hasattr(counters, "as_dict"):
+            self.counters = counters.as_dict()
         return False
 
     def step_ms(self) -> list[float]:
@@ -424,7 +428,7 @@ def time_row(model, row: Row, s: Setting, *, micro_batches: list[int], seconds_l
                     total += 1e3 * (time.perf_counter() - h0)
                 if events.steady_ms() is not None:
                     steady.append(events.steady_ms())
-                for k, v in (out.stats.extra.get("graphs") or {}).items():
+                for k, v in (out.stats.extra.get("graphs") or events.counters).items():
                     timed.graphs[k] = timed.graphs.get(k, 0) + v
                 timed.tokens_computed, timed.nfe = out.stats.tokens_computed, out.stats.nfe
                 timed.extra = out.stats.extra
