@@ -459,7 +459,7 @@ def drive(args) -> int:
     if out_dir:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
     plan = build_plan(args.deadline_s)
-    print(f"gpu_check plan (deadline {args.deadline_s:.0f} s, H200 rates {RATES_NOTE}):", flush=True)
+    print(f"gpu_check plan (deadline {args.deadline_s:.0f} s, H200 rates {rates_note()}):", flush=True)
     problems = print_plan(plan)
     if out_dir and (args.dry_run or args.plan_only):
         Path(out_dir, "gpu_plan.json").write_text(json.dumps(plan, indent=1))
@@ -504,7 +504,11 @@ def drive(args) -> int:
     return 1 if any(r.get("ok") is False for r in rows) else 0
 
 
-RATES_NOTE = "copy 4.3 TB/s, bf16 788 TFLOP/s, at 70% / 60%"
+def rates_note() -> str:
+    from bench.gpu_end_to_end import EFFICIENCY, RATES
+
+    return (f"copy {RATES['copy_bytes_per_s'] / 1e12:.1f} TB/s at {EFFICIENCY['memory']:.0%}, bf16 "
+            f"{RATES['bf16_flops_per_s'] / 1e12:.0f} TFLOP/s at {EFFICIENCY['matmul']:.0%}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 
@@ -551,7 +551,3 @@ def plan_summary(s: Setting | None = None, *, rates: dict | None = None) -> list
                     "device_s": round(est["row_s"], 1), "peak_gib": round(est["peak_bytes"] / GiB, 2),
                     "micro_batches": est["micro_batches"], "memory": est["memory"]})
     return out
-
-
-def replace_row(row: Row, **changes) -> Row:
-    return replace(row, **changes)
