@@ -1,17 +1,16 @@
 #!/usr/bin/env bash
-# One prepared GPU check (not run in CI): the gpu-marked tests (bf16 correctness of every kernel
-# against its torch reference, `pytest -m gpu tests/kernels`), then the timing harnesses at
-# real-model shapes, then compute-sanitizer (memcheck, racecheck) over every Triton kernel at
-# small shapes; rows printed as they come and a short table last. Fits one 10-minute command on
-# an H200. Needs the dev extras (pytest, hypothesis) for the tests.
-#   usage: bash bench/gpu_check.sh [--only FAMILY[,FAMILY...]] [--quick] [--dry-run]
-#   families: seer_kernels, dyllm_kernels, varlen_kernels, end_to_end, sanitizer
-set -euo pipefail
+# One prepared GPU command that fits a device loan (issue 33): a smoke stage first, then the timed
+# full-depth rows, the kernel-level profile, the gpu-marked tests, the kernel harnesses and, last and
+# optional, compute-sanitizer; each stage in a process of its own under a deadline, rows printed as
+# they come, everything written to $OUT when it is set, a short summary last (bench/gpu_check.py).
+# Nothing is installed (the device has no network): a missing package is a "not run" row.
+#   usage: bash bench/gpu_check.sh [--deadline-s S] [--only STAGE,...] [--skip STAGE,...] [--dry-run | --plan-only]
+#   stages: smoke, end_to_end, profile, tests, kernels, sanitizer
+#   SEER_SANITIZER_TOOLS=memcheck,racecheck adds racecheck (its hazards are reported to inspect)
+set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 if [ -x .venv/bin/python ]; then PY=.venv/bin/python; fi
-if ! "$PY" -c "import seer_kernels, pytest, hypothesis" 2>/dev/null; then
-  "$PY" -m pip install -q -e ".[dev]" >/dev/null || echo "gpu_check: could not install the dev extras" >&2
-fi
 unset TRITON_INTERPRET
+export PYTHONUNBUFFERED=1
 exec "$PY" -m bench.gpu_check "$@"

@@ -76,3 +76,71 @@ def kernel_calls(device: torch.device | str = "cpu", dtype: torch.dtype = torch.
         "rotary_embedding": (sk.rotary_embedding, (randn(4, 2, 6), randn(7, 6), randn(7, 6)),
                              dict(full_precision=True, index=ints([6, 0, 2, -1], torch.int32), count=count(3))),
     }  # fmt: skip
+
+
+#: LLaDA-8B's dimensions (hidden, heads, head dim, MLP) and the decode the GPU check times
+#: (batch 16, prompt 256, window 256): what :func:`model_shape_calls` sizes its calls by
+EIGHT_B = dict(hidden=4096, heads=32, head_dim=128, mlp=12288, batch=16, prompt=256, window=256)
+
+
+def model_shape_calls(device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloat16) -> dict:
+    """One call of every public op at LLaDA-8B shapes (:data:`EIGHT_B`), ``op -> (function, args,
+    kwargs)``, for ``bench/compile_kernels.py``: the kernels specialise on their sizes' divisibility,
+    so these compile what a GPU run at those shapes launches (the odd sizes of :func:`kernel_calls`
+    specialise differently). Float tensors are ``torch.empty`` (never read: the compile check
+    launches nothing); index tensors and counts are valid. Biases are left out as LLaDA has none.
+    """
+    e = EIGHT_B
+    D, H, d, F = e["hidden"], e["heads"], e["head_dim"], e["mlp"]
+    B, W = e["batch"], e["window"]
+    rows = B * W  # the window rows of one forward (a DyLLM layer's row capacity)
+    seqs, seq_len = 4, e["prompt"] + W  # four [prompt | window] sequences for the attention kernels
+    T = seqs * seq_len
+
+    def empty(*shape):
+        return torch.empty(shape, device=device, dtype=dtype)
+
+    def ints(values, int_dtype=torch.int64):
+        return torch.tensor(values, dtype=int_dtype, device=device)
+
+    def count(n):
+        return device_count(n, device)
+
+    cu = ints([i * seq_len for i in range(seqs + 1)], torch.int32)
+    key_index = ints(list(range(0, T, 3)) + [-1] * (T - len(range(0, T, 3))), torch.int32)
+    attention = (empty(T, H, d), empty(T, H, d), empty(T, H, d), cu, cu, seq_len, seq_len)
+    row_index32 = ints(list(range(0, rows, 2)) + [-1] * (rows - len(range(0, rows, 2))), torch.int32)
+    row_index64 = row_index32.to(torch.int64)
+    live = rows // 2
+    micro = [8, 16, 32, 64, 128, 256]
+    repack_out = slice_repack_buffers(batch_cap=B, bucket_cap=W, packed_cap=B * W, cu_len=B + 1, dtype=dtype,
+                                      device=device, hidden_dim=D)  # fmt: skip
+    ids_out = slice_repack_buffers(batch_cap=B, bucket_cap=W, packed_cap=B * W, cu_len=B + 1, dtype=torch.int64,
+                                   device=device)  # fmt: skip
+    tables = dict(micro_buckets=micro, packed_buckets=[64 * 2 ** k for k in range(7)], batch_buckets=[1, 2, 4, 8, B])
+    keep = ints([W - 3 * i for i in range(B)])
+    return {
+        "mlp_sparsity": (sk.mlp_sparsity, (empty(B, W, F), 0.1), dict(lengths=ints([W] * B))),
+        "swiglu_sparsity": (sk.swiglu_sparsity, (empty(B, W, F), empty(B, W, F), 0.1), dict(lengths=ints([W] * B))),
+        "snr_boundary": (sk.snr_boundary, (empty(B, W), ints([W] * B)), {}),
+        "varlen_attention": (sk.varlen_attention, attention, {}),
+        "slice_repack": (sk.slice_repack, (empty(B, W, D), keep), dict(tables, out=repack_out)),
+        "slice_repack (token ids)": (
+            sk.slice_repack, (torch.zeros(B, W, dtype=torch.int64, device=device), keep), dict(tables, out=ids_out)),
+        "cosine_saliency": (sk.cosine_saliency, (empty(rows, D), empty(rows, D), 0.99), dict(n_rows=count(rows))),
+        "gather_rows": (sk.gather_rows, (empty(rows, D), row_index32, count(live)), {}),
+        "scatter_rows": (sk.scatter_rows, (empty(rows, D), row_index64, count(live), empty(rows, D)), {}),
+        "partial_attention": (
+            sk.partial_attention,
+            (*attention[:3], empty(T, H, d), empty(T, H, d), cu, cu, seq_len, seq_len,
+             torch.zeros(T, dtype=torch.bool, device=device), key_index, count(T // 3)),
+            dict(k_old=empty(T, H, d)),
+        ),
+        "row_linear": (sk.row_linear, (empty(rows, D), empty(F, D), None, count(live)), {}),
+        "row_linear_pair": (sk.row_linear_pair, (empty(rows, D), empty(F, D), None, empty(F, D), None, count(live)),
+                            {}),
+        "exchange_rows": (sk.exchange_rows, (empty(rows, D), row_index64, count(live), empty(rows, D)), {}),
+        "rms_norm": (sk.rms_norm, (empty(rows, D), empty(D), 1e-5), dict(index=row_index32, count=count(live))),
+        "rotary_embedding": (sk.rotary_embedding, (empty(rows, H, d), empty(rows, d), empty(rows, d)),
+                             dict(full_precision=True, index=row_index32, count=count(live))),
+    }  # fmt: skip

@@ -161,7 +161,24 @@ def _lower_bound(index_ptr, n, key):
     return lo
 
 
-@triton.autotune(configs=_CONFIGS, key=["BLOCK_D", "DOT_PREC", "CORRECT_KEYS"], restore_value=["out_ptr"])
+# shared memory of one thread block on Hopper (H100 / H200: 227 KiB of an SM's 228)
+_SHARED_MEMORY_PER_BLOCK = 232_448
+
+
+def _fits_shared_memory(configs, named_args, **kwargs):
+    """An autotune prune keeping the configs whose pipelined key and value tiles (``num_stages``
+    deep, ``BLOCK_N`` keys and ``BLOCK_S`` salient columns of ``BLOCK_D``) fit a Hopper block's
+    shared memory in the call's dtype: ``python -m bench.compile_kernels`` found a float32 config
+    over it (and float32's large tiles spilling hundreds of KB). Keeps the first config when none fits."""
+    elem = named_args["q_ptr"].element_size()
+    block_d = kwargs.get("BLOCK_D", named_args.get("BLOCK_D"))
+    kept = [c for c in configs if c.num_stages * 2 * elem * block_d * (c.kwargs["BLOCK_N"] + c.kwargs["BLOCK_S"])
+            <= _SHARED_MEMORY_PER_BLOCK]
+    return kept or configs[:1]
+
+
+@triton.autotune(configs=_CONFIGS, key=["BLOCK_D", "DOT_PREC", "CORRECT_KEYS"], restore_value=["out_ptr"],
+                 prune_configs_by={"early_config_prune": _fits_shared_memory})
 @triton.jit(do_not_specialize=["kcount_val", "salient_k_capacity"])
 def _partial_attention_kernel(
     q_ptr,

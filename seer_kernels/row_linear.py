@@ -41,6 +41,24 @@ _CONFIGS = _dispatch.single_config_when_interpreting(
     ]
 )
 
+# shared memory of one thread block on Hopper (H100 / H200: 227 KiB of an SM's 228)
+_SHARED_MEMORY_PER_BLOCK = 232_448
+
+
+def _fits_shared_memory(tiles_per_program: int):
+    """An autotune prune keeping the configs whose pipelined x and W tiles (``num_stages`` deep,
+    ``tiles_per_program`` GEMMs per program) fit a Hopper block's shared memory in the call's dtype:
+    the others cannot launch there (``python -m bench.compile_kernels`` found float32 and the
+    pair's 128x256 tiles over it). Keeps the first config when none fits."""
+
+    def prune(configs, named_args, **kwargs):
+        elem = named_args["x_ptr"].element_size()
+        kept = [c for c in configs if c.num_stages * tiles_per_program * elem * c.kwargs["BLOCK_K"]
+                * (c.kwargs["BLOCK_M"] + c.kwargs["BLOCK_N"]) <= _SHARED_MEMORY_PER_BLOCK]
+        return kept or configs[:1]
+
+    return prune
+
 
 @triton.jit
 def _row_linear_tile(
@@ -93,7 +111,7 @@ def _row_linear_tile(
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=(offs_m < M)[:, None] & n_ok[None, :])
 
 
-@triton.autotune(configs=_CONFIGS, key=["M", "N", "K"])
+@triton.autotune(configs=_CONFIGS, key=["M", "N", "K"], prune_configs_by={"early_config_prune": _fits_shared_memory(1)})
 @triton.jit(do_not_specialize=["count_val"])
 def _row_linear_kernel(
     x_ptr, w_ptr, b_ptr, out_ptr, count_ptr, count_val, M, N, K,
@@ -108,7 +126,7 @@ def _row_linear_kernel(
     )  # fmt: skip
 
 
-@triton.autotune(configs=_CONFIGS, key=["M", "N", "K"])
+@triton.autotune(configs=_CONFIGS, key=["M", "N", "K"], prune_configs_by={"early_config_prune": _fits_shared_memory(2)})
 @triton.jit(do_not_specialize=["count_val"])
 def _row_linear_pair_kernel(
     x_ptr, wa_ptr, ba_ptr, outa_ptr, wb_ptr, bb_ptr, outb_ptr, count_ptr, count_val, M, N, K,
