@@ -46,7 +46,7 @@ import torch
 
 from bench.workloads import OracleCut, answer_lengths
 from seer_runtime.memory import GB, GiB, ModelDims, RequestShape, plan_micro_batches
-from seer_runtime.policy import DecodePolicy
+from seer_runtime.policy import Policy
 
 LLADA_8B = dict(n_layers=32, d_model=4096, n_heads=32, n_kv_heads=32, mlp_hidden_size=12288, vocab_size=126464,
                 embedding_size=126464, rope_theta=500000.0, mask_token_id=126336, eos_token_id=126081,
@@ -240,10 +240,10 @@ class _Stop(Exception):
     """Raised from a policy hook to end a ``generate`` call early (the profile stage)."""
 
 
-class StepEvents(DecodePolicy):
+class StepEvents(Policy):
     """A CUDA event at the start of a call and at each step's end, and whether the step was steady:
     it replayed a graph and neither ran a key eagerly for its first sight nor captured one (the
-    ``run.graphs`` counters). A step's device time is the difference of consecutive events. On the
+    call's ``state.graph_counters``). A step's device time is the difference of consecutive events. On the
     CPU it records host times (and no step is steady: nothing replays)."""
 
     name = "step_events"
@@ -251,34 +251,31 @@ class StepEvents(DecodePolicy):
     def __init__(self) -> None:
         self.marks: list = []
         self.steady: list[bool] = []
-        self.counters: dict = {}  # run.graphs' counters at the last step (where stats.extra lacks them)
+        self.counters: dict = {}  # the graph counters at the last step
 
-    def _mark(self, run) -> None:
-        if run.device.type == "cuda":
+    def _mark(self, state) -> None:
+        if state.device.type == "cuda":
             event = torch.cuda.Event(enable_timing=True)
             event.record()
             self.marks.append(event)
         else:
             self.marks.append(time.perf_counter())
 
-    def _counters(self, run) -> tuple[int, int, int]:
-        counters = getattr(getattr(run, "graphs", None), "counters", None)
-        return tuple(getattr(counters, name, 0) for name in ("captures", "eager_runs", "replays"))
+    def _counters(self, state) -> tuple[int, int, int]:
+        return tuple(getattr(state.graph_counters, name, 0) for name in ("captures", "eager_runs", "replays"))
 
-    def on_request(self, run) -> None:
-        self._last = self._counters(run)
-        self._mark(run)
+    def start(self, state, model) -> None:
+        self._last = self._counters(state)
+        self._mark(state)
 
-    def after_step(self, run, step: int) -> bool:
-        self._mark(run)
-        now = self._counters(run)
+    def after_step(self, state, step: int, values) -> list:
+        self._mark(state)
+        now = self._counters(state)
         captures, eager, replays = (a - b for a, b in zip(now, self._last))
         self.steady.append(replays > 0 and captures == 0 and eager == 0)
         self._last = now
-        counters = getattr(getattr(run, "graphs", None), "counters", None)
-        if hasattr(counters, "as_dict"):
-            self.counters = counters.as_dict()
-        return False
+        self.counters = state.graph_counters.as_dict()
+        return []
 
     def step_ms(self) -> list[float]:
         """Milliseconds of each step (synchronise first on CUDA)."""

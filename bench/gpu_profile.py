@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from bench.gpu_end_to_end import Row, _Stop, build, generate_kwargs, keep_lengths, setting
-from seer_runtime.policy import DecodePolicy
+from seer_runtime.policy import Policy
 
 #: mode -> (how its row differs from the baseline, the step profiled): LLaDA's forward keys repeat
 #: inside a block (step 0 eager, 1 captured, 2 replayed); DyLLM's sparse steps start at 4 (4
@@ -39,7 +39,7 @@ MODES = {
 TOP_KERNELS = 6
 
 
-class ProfileStep(DecodePolicy):
+class ProfileStep(Policy):
     """A policy that profiles exactly step ``step`` of a call and then ends the call."""
 
     name = "profile_step"
@@ -49,18 +49,17 @@ class ProfileStep(DecodePolicy):
         self.profiler = None
         self.counters_before = self.counters_after = None
 
-    def _counters(self, run) -> dict:
-        counters = getattr(getattr(run, "graphs", None), "counters", None)
-        return dict(counters.as_dict()) if hasattr(counters, "as_dict") else {}
+    def _counters(self, state) -> dict:
+        return dict(state.graph_counters.as_dict())
 
-    def after_step(self, run, step: int) -> bool:
+    def after_step(self, state, step: int, values) -> list:
         if step == self.step - 1:
             from torch.profiler import ProfilerActivity, profile
 
             if self.cuda:
                 torch.cuda.synchronize()
             activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
-            self.counters_before = self._counters(run)
+            self.counters_before = self._counters(state)
             self.profiler = profile(activities=activities)
             self.profiler.start()
             self.started = time.perf_counter()
@@ -69,9 +68,9 @@ class ProfileStep(DecodePolicy):
                 torch.cuda.synchronize()
             self.wall_s = time.perf_counter() - self.started
             self.profiler.stop()
-            self.counters_after = self._counters(run)
+            self.counters_after = self._counters(state)
             raise _Stop()
-        return False
+        return []
 
 
 def _union(intervals: list[tuple[float, float]]) -> float:

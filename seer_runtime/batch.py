@@ -118,11 +118,12 @@ class BatchState:
     (the windows' ids ``[B, width]``), ``steps_done``, ``tokens_per_request``, ``rand``,
     ``stats``. Set by the model runner's prefill: ``prefix`` (the prompt's KV cache) and
     ``first_masked`` (1 when the prefill commits window position 0: LaViDa-Dream); then
-    :meth:`open_windows` makes ``window``; the scheduler makes ``plans``.
+    :meth:`open_windows` makes ``window``; the scheduler makes ``plans``. ``graph_counters``: the
+    call's graph counters (``graphs.GraphCounters``, live; what a measuring policy reads).
     """
 
-    def __init__(self, model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                 gen: GenerationConfig, *, request_seeds: Sequence[int] | None = None) -> None:
+    def __init__(self, model, input_ids: torch.Tensor, gen: GenerationConfig, *,
+                 request_seeds: Sequence[int] | None = None) -> None:
         self.gen = gen
         self.rules = DecodingRules.of(model)
         self.token_ids = model.token_ids
@@ -143,7 +144,7 @@ class BatchState:
         self.plans: list[StepPlan] = []
         self._device_tensors: dict[tuple, torch.Tensor] = {}
         self._prefix_rows: tuple[tuple, PrefixKV] | None = None
-        self.attention_mask = attention_mask
+        self.graph_counters = None
 
     def _random_source(self, gen: GenerationConfig, request_seeds: Sequence[int] | None) -> RandomSource:
         if gen.rng == "per_request":  # one generator per request, on the batch's device (no host round trip)

@@ -284,7 +284,7 @@ def prepare(model, input_ids: torch.Tensor, *, attention_mask: torch.Tensor | No
         raise TypeError(f"progress must be a bool, got {type(progress).__name__}")
     check_request_seeds(request_seeds, input_ids.shape[0], gen)
     composed = compose_policies(seer=seer, dyllm=dyllm, policies=policies)
-    state = BatchState(model, input_ids, attention_mask, gen, request_seeds=request_seeds)
+    state = BatchState(model, input_ids, gen, request_seeds=request_seeds)
     runner = ModelRunner(model, state, policies=composed, graphs=Graphs(resolve_backend(graphs, state.device)),
                          check_finite=gen.check_finite)
     try:

@@ -349,6 +349,11 @@ class Graphs:
             self.backend.release(entry.handle)
             self.counters.evictions += 1
 
+    def drop(self, which: Callable[[Hashable], bool]) -> None:
+        """Release the graphs of the keys ``which`` selects (and forget the keys)."""
+        for key in [k for k in self._entries if which(k)]:
+            self._drop(key)
+
     def clear(self) -> None:
         """Release every graph."""
         for entry in self._entries.values():
@@ -384,17 +389,18 @@ class BucketInputs:
         return sum(t.numel() * t.element_size() for t in tensors)
 
     def write(self, ids: torch.Tensor, positions: torch.Tensor, key_mask: torch.Tensor, keys: list[torch.Tensor],
-              values: list[torch.Tensor]) -> None:
-        """A group's inputs (``R`` rows each) into the leading rows; the other rows padded."""
-        rows = ids.shape[0]
+              values: list[torch.Tensor], rows: torch.Tensor) -> None:
+        """A group's inputs into the leading rows (``R`` rows each; ``keys`` / ``values`` the whole
+        prompt cache, the group's ``rows`` gathered straight into the buffers: no copy of them in
+        between); the other rows padded."""
+        n = ids.shape[0]
         for buf, src, fill in ((self.ids, ids, self.pad_id), (self.positions, positions, 0)):
-            buf[:rows].copy_(src)
-            buf[rows:] = fill
-        self.key_mask[:rows].copy_(key_mask)
-        self.key_mask[rows:] = False
-        self.key_mask[rows:, 0] = True
+            buf[:n].copy_(src)
+            buf[n:] = fill
+        self.key_mask[:n].copy_(key_mask)
+        self.key_mask[n:] = False
+        self.key_mask[n:, 0] = True
         for bufs, srcs in ((self.keys, keys), (self.values, values)):
             for buf, src in zip(bufs, srcs):
-                buf[:rows].copy_(src)
-                buf[rows:] = 0
-
+                torch.index_select(src, 0, rows, out=buf[:n])
+                buf[n:] = 0

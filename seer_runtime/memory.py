@@ -1,6 +1,6 @@
 """An analytic memory plan of one ``generate`` call: what each part holds, and the peak (issue 33).
 
-Memory is planned, not discovered (DESIGN.md): from a model's dimensions (:class:`ModelDims`) and
+Memory is planned, not discovered: from a model's dimensions (:class:`ModelDims`) and
 a request's shape (:class:`RequestShape`: batch, prompt positions, window, dtype, prefix cache,
 layout, DyLLM, block cache, graphs) :func:`memory_plan` returns the bytes of every part of a call
 and its peak, with no device and no allocation; :func:`largest_batch_that_fits` and
@@ -8,11 +8,12 @@ and its peak, with no device and no allocation; :func:`largest_batch_that_fits` 
 memory (the same tokens: requests decode independently), or raise :class:`DoesNotFitError` naming
 the sizes when even one request does not fit.
 
-The parts, as the runtime allocates them (``engine.py``, ``adapter.PrefixKV``,
-``serving/execution.py`` and ``graph_cache.py``, ``dyllm.py``, ``block_cache.py``,
-``sampling.py``), modelled as the engine's rewrite makes them: the router's graph buffers sized to
-the batch bucket and the length bucket actually served (captured lazily, never a ``max_batch`` up
-front), and the prefix cache held once (an active-row reselection never holds a second copy).
+The parts, as the runtime allocates them (``runner.py``'s prefill, ``adapter.PrefixKV``,
+``serving/routed.py`` with ``graphs.BucketInputs``, ``dyllm/caches.py``, ``block_cache.py``,
+``sampling.py``): the router's bucket buffers sized to the batch bucket and the length bucket
+actually served (one bucket's at a time, never a ``max_batch`` up front), and the prefix cache held
+once (a bucket gathers its rows from it directly; a padded forward of a subset of the rows holds
+one selection at a time).
 
 Resident (held for the whole call, ``MemoryPlan.resident``):
 
@@ -27,8 +28,7 @@ Resident (held for the whole call, ``MemoryPlan.resident``):
   layouts (one per block when every row is in the same block), each with its own gathered copy.
 * ``router_buffers``: the router's static-graph inputs at its batch bucket and length bucket
   (window ids, positions, key mask, a copy of every layer's prefix keys/values); only with the
-  prefix cache and graphs (``RoutedExecution._graphable``: on a machine without CUDA the same
-  buffers run eagerly).
+  prefix cache (``RoutedLayouts``; on a machine without CUDA the same buffers run eagerly).
 * ``graph_pool``: with graphs, a captured step holds its activations in the graphs' private pool
   while eager forwards (a key's first sight) allocate theirs again outside it; the router's
   captured static step holds its logits there too.
@@ -295,9 +295,8 @@ def _bucket(table: tuple[int, ...], value: int, name: str) -> int:
 
 
 def _router_buffers(dims: ModelDims, shape: RequestShape, elem: int) -> int:
-    """The static graph cache's inputs at the bucket served (``RoutedExecution._static_cache``),
-    allocated for the largest key the call serves, and its captured graph's logits there:
-    ``(inputs, logits)``."""
+    """The static bucket's inputs (``graphs.BucketInputs``, one bucket's at a time: the largest
+    the call serves), and its captured graph's logits there: ``(inputs, logits)``."""
     if shape.layout != "router" or not shape.prefix_cache or not shape.graphs:
         return 0, 0
     batch_table = shape.router_batch_buckets or default_batch_buckets(shape.batch)

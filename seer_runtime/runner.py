@@ -146,6 +146,8 @@ class ModelRunner:
         self.logits_shift = int(model.logits_shift)
         self.finite = FiniteCheck(self.num_layers, state.device) if check_finite else None
         self.mask_embed = None
+        self._bucket = None  # the bucket whose graphs are held
+        state.graph_counters = graphs.counters  # for the observers (measurements), read only
 
     # -- set-up ------------------------------------------------------------------------------------
     def embed_prompt(self, attention_mask: torch.Tensor | None, images) -> None:
@@ -219,6 +221,9 @@ class ModelRunner:
         """A bucket unit (its inputs in persistent buffers): replayed under its bucket alone; a
         token choice reads its static logits in a unit of its own, keyed by the capture."""
         rows, graphs, longest = fwd.rows, self.graphs, max(fwd.lengths)
+        if fwd.bucket != self._bucket:  # one bucket's graphs at a time, as its layout keeps one's buffers
+            graphs.drop(lambda key: key[0] in ("bucket", "bucket+chosen"))
+            self._bucket = fwd.bucket
         logits = graphs.run(("bucket", fwd.bucket), lambda: self._compute(fwd))[: len(rows), :longest]
         if choice is None:
             return logits.clone(), None, None

@@ -82,15 +82,15 @@ def test_dry_run_runs_every_stage(tmp_path):
     assert len((tmp_path / "gpu_summary.md").read_text()) < gpu_check.SUMMARY_LIMIT
 
 
-def test_gpu_selection_holds_every_kernel_and_the_graph_cache():
+def test_gpu_selection_holds_every_kernel_and_the_real_graph_capture():
     """``pytest -m gpu tests/kernels tests/runtime`` collects rms_norm's and rotary_embedding's gpu
-    tests and the graph cache's real CUDA-graph capture."""
+    tests and the graphs' real CUDA-graph capture (tests/runtime/test_graphs.py)."""
     env = dict(os.environ, TRITON_INTERPRET="1")
     done = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "tests/kernels", "tests/runtime",
                            "--collect-only", "-q", "-p", "no:cacheprovider"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:]
-    for name in ("test_rms_norm_gpu.py", "test_rotary_embedding_gpu.py", "test_graph_cache.py",
+    for name in ("test_rms_norm_gpu.py", "test_rotary_embedding_gpu.py", "test_graphs.py",
                  "test_partial_attention_gpu.py", "test_row_linear_gpu.py"):
         assert name in done.stdout
 

@@ -4,8 +4,9 @@
 * ``STATIC`` - the windows padded to the micro-bucket ``B_G``; with the prefix cache the rows are
   padded to the batch bucket too and the step is a bucket unit: its inputs (window ids,
   positions, key mask, the group's prompt K/V) live in persistent buffers of the bucket
-  (``graphs.BucketInputs``, allocated when the bucket is first served), so one graph per bucket
-  serves any group of its shape; without the prefix cache a padded forward of the bucket width;
+  (``graphs.BucketInputs``, allocated when the bucket is served: one bucket's at a time, the
+  previous bucket's buffers and graphs let go), so one graph per bucket serves any group of its
+  shape; without the prefix cache a padded forward of the bucket width;
 * ``VARLEN`` - the windows packed back to back (``PackedLayout``), padded to the packed bucket
   ``P``; attention through ``seer_kernels.varlen_attention``;
 * ``EAGER`` - packed with no padding (a lone request, ultra-short windows).
@@ -125,7 +126,9 @@ class RoutedLayouts:
         """``rows`` padded to the bucket ``key`` (``key.batch`` rows of ``key.length`` positions),
         the prompt from the prefix cache; a step writes its window ids into the bucket's buffers."""
         inputs = self._buckets.get(key)
-        if inputs is None:
+        if inputs is None:  # one bucket's buffers at a time: the previous ones go first
+            self._buckets.clear()
+            self._bucket_layout = None
             model, prefix = self.model, state.prefix
             inputs = self._buckets[key] = BucketInputs(
                 key.batch, key.length, state.prompt_len, layers=model.num_layers, kv_heads=model.num_kv_heads,
@@ -137,14 +140,13 @@ class RoutedLayouts:
         def prepare() -> None:  # outside the unit: what stays while the rows, their windows and the key do
             layout_id = (tuple(rows), lengths, key)
             if self._bucket_layout is None or self._bucket_layout[0] != layout_id:
-                prefix = state.prefix_rows(rows)
+                prefix = state.prefix
                 live = state.window.live_mask(index, width)
-                prompt_keys = state.prompt_keys(None if state.prefix.key_mask is None else state.prefix.key_mask[index],
-                                                len(rows))
+                prompt_keys = state.prompt_keys(None if prefix.key_mask is None else prefix.key_mask[index], len(rows))
                 pad = torch.full((), state.token_ids.pad, dtype=torch.long, device=state.device)
                 inputs.write(torch.where(live, state.tokens[index, :width], pad),
                              state.positions[index, state.prompt_len: state.prompt_len + width],
-                             torch.cat([prompt_keys, live], dim=1), prefix.keys, prefix.values)
+                             torch.cat([prompt_keys, live], dim=1), prefix.keys, prefix.values, index)
                 self._bucket_layout = (layout_id, live, pad, inputs.ids[: len(rows)])
             else:  # the same layout: this step's window ids into the ids buffer, nothing else
                 _, live, pad, ids = self._bucket_layout

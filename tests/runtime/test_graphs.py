@@ -102,15 +102,15 @@ def test_bucket_inputs_pad_the_rows_a_group_leaves_empty():
     ids, positions = torch.randint(0, 50, (3, 6), generator=g), torch.arange(6).expand(3, 6)
     mask = torch.ones(3, 9, dtype=torch.bool)
     mask[0, 1] = False
-    keys = [torch.randn(3, 2, 3, 5, generator=g) for _ in range(2)]
-    values = [torch.randn(3, 2, 3, 5, generator=g) for _ in range(2)]
-    inputs.write(ids, positions, mask, keys, values)
+    keys = [torch.randn(5, 2, 3, 5, generator=g) for _ in range(2)]  # the whole prompt cache: 5 requests
+    values = [torch.randn(5, 2, 3, 5, generator=g) for _ in range(2)]
+    inputs.write(ids, positions, mask, keys, values, torch.tensor([4, 0, 2]))
     inputs.ids[3] = 7  # a stale row from an earlier group
-    inputs.write(ids[:2], positions[:2], mask[:2], [k[:2] for k in keys], [v[:2] for v in values])
+    inputs.write(ids[:2], positions[:2], mask[:2], keys, values, torch.tensor([1, 3]))
     assert torch.equal(inputs.ids[:2], ids[:2]) and bool((inputs.ids[2:] == 99).all())
     assert bool((inputs.positions[2:] == 0).all()) and torch.equal(inputs.key_mask[:2], mask[:2])
     assert torch.equal(inputs.key_mask[2:], torch.tensor([[True] + [False] * 8] * 2))  # one real key per padded row
-    assert torch.equal(inputs.keys[1][:2], keys[1][:2]) and not bool(inputs.values[0][2:].any())
+    assert torch.equal(inputs.keys[1][:2], keys[1][[1, 3]]) and not bool(inputs.values[0][2:].any())
     assert inputs.nbytes == sum(t.numel() * t.element_size() for t in (
         inputs.ids, inputs.positions, inputs.key_mask, *inputs.keys, *inputs.values))
 

@@ -16,7 +16,8 @@ from torch.profiler import ProfilerActivity, profile
 
 import model_adapters as ma
 from model_adapters.configs import PUBLISHED
-from seer_runtime import DyLLMConfig, GenerationConfig, generate
+from seer_runtime import DyLLMConfig, GenerationConfig, generate, generation
+from seer_runtime.dyllm import DyLLMPolicy
 from seer_runtime.memory import (
     GB,
     LAYOUTS,
@@ -28,7 +29,7 @@ from seer_runtime.memory import (
     micro_batch_sizes,
     plan_micro_batches,
 )
-from seer_runtime.policy import DecodePolicy
+from seer_runtime.policy import Policy
 from seer_runtime.serving.router import RouterConfig
 
 pytestmark = [pytest.mark.engine]
@@ -114,29 +115,33 @@ def _nbytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
-class HeldTensors(DecodePolicy):
-    """After every step: the bytes of what the call holds, per part of the plan (largest seen)."""
+class HeldTensors(Policy):
+    """After every step: the bytes of what the call holds, per part of the plan (largest seen).
+    It finds the other parts through the objects it is handed or given: the batch state, DyLLM's
+    policy and the runner's layouts (``layouts``, set after the call is composed)."""
 
     name = "held_tensors"
 
     def __init__(self) -> None:
         self.held: dict[str, int] = {}
+        self.dyllm = self.layouts = None
 
-    def after_step(self, run, step: int) -> bool:
-        now = {"prefix_kv": _nbytes(run.prefix.keys + run.prefix.values) if run.prefix is not None else 0,
-               "prompt_embeds": _nbytes([run.prompt_embeds])}
-        for p in run.policies:
-            if p.name == "dyllm":
-                now["dyllm_caches"] = _nbytes(p.keys + p.values + p.contexts + p.ffn_outputs + [p.snapshot])
-            elif p.name == "block_cache":
-                kept = [t for layout in p._layouts.values() if layout.prefix is not None
-                        for t in layout.prefix.keys + layout.prefix.values]
-                now["block_cache"] = _nbytes(p.keys + p.values + kept)
-            elif p.name == "router" and p._graphs is not None:
-                now["router_buffers"] = _nbytes(p._graphs.buffers.values())
+    def after_step(self, state, step: int, values) -> list:
+        now = {"prefix_kv": _nbytes(state.prefix.keys + state.prefix.values) if state.prefix is not None else 0,
+               "prompt_embeds": _nbytes([state.prompt_embeds])}
+        if self.dyllm is not None:
+            c = self.dyllm.caches
+            now["dyllm_caches"] = _nbytes(c.keys + c.values + c.contexts + c.ffn_outputs + [self.dyllm.snapshot])
+        layouts = self.layouts
+        if layouts is not None and layouts.name == "block_cache":
+            kept = [t for layout in layouts._layouts.values() if layout.prefix is not None
+                    for t in layout.prefix.keys + layout.prefix.values]
+            now["block_cache"] = _nbytes(layouts.keys + layouts.values + kept)
+        elif layouts is not None and layouts.name == "router" and layouts._buckets:
+            now["router_buffers"] = sum(b.nbytes for b in layouts._buckets.values())
         for k, v in now.items():
             self.held[k] = max(self.held.get(k, 0), v)
-        return False
+        return []
 
 
 B, P, W = 8, 96, 32
@@ -176,7 +181,7 @@ def _peak_allocated(fn) -> int:
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_plan_matches_what_generate_holds(tiny_llada, case, reference_kernels, recwarn):
+def test_plan_matches_what_generate_holds(tiny_llada, case, reference_kernels, recwarn, monkeypatch):
     """The resident parts equal the tensors generate holds; the planned peak (less the weights and,
     on a machine without graphs, the graph pool) bounds the allocator's peak within a factor of two.
     DyLLM's peak is not compared: on the CPU its sparse layers run the kernels' torch references,
@@ -185,8 +190,24 @@ def test_plan_matches_what_generate_holds(tiny_llada, case, reference_kernels, r
     ids = torch.randint(0, 200, (B, P), generator=torch.Generator().manual_seed(1))
     gen = GEN.replace(**changes)
     probe = HeldTensors()
-    generate(tiny_llada, ids, gen=gen, policies=[HeldTensors()], **kwargs)  # lazy initialisation out of the way
-    peak = _peak_allocated(lambda: generate(tiny_llada, ids, gen=gen, policies=[probe], **kwargs))
+    compose = generation.compose_layouts
+
+    def composed(*args):  # the probe's window on the layouts the call composes
+        probe.layouts = compose(*args)
+        return probe.layouts
+
+    monkeypatch.setattr(generation, "compose_layouts", composed)
+
+    def call(probe):
+        kw = dict(kwargs)
+        policies = [probe]
+        if "dyllm" in kw:  # DyLLM as a policy object, so that the probe can see its caches
+            probe.dyllm = DyLLMPolicy(kw.pop("dyllm"))
+            policies.insert(0, probe.dyllm)
+        return generate(tiny_llada, ids, gen=gen, policies=policies, **kw)
+
+    call(HeldTensors())  # lazy initialisation out of the way
+    peak = _peak_allocated(lambda: call(probe))
     dims = ModelDims.from_model(tiny_llada)
     plan = memory_plan(dims, RequestShape(B, P, W, dtype=torch.float32, graphs=options.get("layout") == "router",
                                           materialized_scores=True, **options))
