@@ -221,18 +221,37 @@ def resolve_backend(graphs: Any, device: torch.device) -> GraphBackend | None:
 
 # ------------------------------------------------------------------------------------ the graphs
 class _Reads(TorchDispatchMode):
-    """Keeps every tensor an op reads during a capture (the graph holds their addresses)."""
+    """Keeps every tensor from outside the capture that an op reads during it (the graph holds
+    their addresses). Tensors the capture itself allocates are not kept: their memory belongs to
+    the graphs' pool, which later captures may reuse once this one is done with them (holding them
+    would keep every intermediate of every captured unit allocated)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.tensors: dict[int, torch.Tensor] = {}
+        self._outside: set[int] = set()  # storages from outside the capture (views of them too)
+        self._made: set[int] = set()  # storages allocated during the capture
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         for t in tree_flatten((args, kwargs))[0]:
-            if isinstance(t, torch.Tensor):
-                self.tensors.setdefault(id(t), t)
-        return func(*args, **kwargs)
+            if isinstance(t, torch.Tensor) and id(t) not in self.tensors:
+                storage = _storage(t)
+                if storage not in self._made:
+                    self.tensors[id(t)] = t
+                    self._outside.add(storage)
+        out = func(*args, **kwargs)
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and _storage(t) not in self._outside:
+                self._made.add(_storage(t))
+        return out
+
+
+def _storage(t: torch.Tensor) -> int:
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # a tensor without storage (a fake, a meta one)
+        return id(t)
 
 
 @dataclass
