@@ -192,7 +192,8 @@ class DecodeRun:
     """
 
     def __init__(self, model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, images,
-                 gen: GenerationConfig, *, policies: Sequence = (), progress: bool = False, graphs="auto"):
+                 gen: GenerationConfig, *, policies: Sequence = (), progress: bool = False, graphs="auto",
+                 request_seeds: Sequence[int] | None = None):
         self.model, self.gen, self.progress = model, gen, progress
         self.policies = tuple(policies)
         self.rules = DecodingRules.of(model)
@@ -207,7 +208,8 @@ class DecodeRun:
         self.num_layers = int(model.num_layers)
         if gen.rng == "per_request":  # one generator per request, on the run's device (no host round trip)
             base = 0 if gen.seed is None else gen.seed
-            generators = [torch.Generator(device=self.device).manual_seed(base + b) for b in range(self.batch_size)]
+            seeds = request_seeds if request_seeds is not None else [base + b for b in range(self.batch_size)]
+            generators = [torch.Generator(device=self.device).manual_seed(s) for s in seeds]
             self.rand = RandomSource("per_request", generators)
         else:
             if gen.seed is not None:

@@ -17,7 +17,7 @@ import torch
 
 from .adapter import REQUIRED
 from .block_cache import BlockCachePolicy
-from .config import GenerationConfig
+from .config import MAX_SEED, GenerationConfig
 from .dyllm import DyLLMConfig, DyLLMPolicy
 from .engine import DecodeRun, GenerationOutput
 from .plans import DecodingRules
@@ -96,6 +96,26 @@ def validate_request(model, input_ids, attention_mask, images, gen) -> None:
             raise ValueError("remasking is an LLaDA-family option; Dream uses alg")
     elif gen.alg != "origin" or gen.alg_temp is not None or gen.top_p is not None or gen.top_k is not None:
         raise ValueError("alg / alg_temp / top_p / top_k are Dream options; the LLaDA family uses remasking")
+
+
+def check_request_seeds(request_seeds, batch_size: int, gen: GenerationConfig) -> list[int] | None:
+    """``request_seeds`` as a list of ints (None stays None); a ``TypeError``/``ValueError`` naming it
+    unless it is one int in [0, 2**62] per request and ``gen.rng`` is "per_request"."""
+    if request_seeds is None:
+        return None
+    if gen.rng != "per_request":
+        raise ValueError(f"request_seeds needs GenerationConfig(rng='per_request'), got rng={gen.rng!r} (the global "
+                         "generator has no per-request seed)")
+    if isinstance(request_seeds, (str, bytes)) or not isinstance(request_seeds, Sequence):
+        raise TypeError(f"request_seeds must be a sequence of ints, got {type(request_seeds).__name__}")
+    if len(request_seeds) != batch_size:
+        raise ValueError(f"request_seeds must have one seed per request ({batch_size}), got {len(request_seeds)}")
+    for i, seed in enumerate(request_seeds):
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"request_seeds[{i}] must be an int, got {type(seed).__name__}")
+        if not 0 <= seed <= MAX_SEED:
+            raise ValueError(f"request_seeds[{i}] must be in [0, 2**62], got {seed}")
+    return [int(s) for s in request_seeds]
 
 
 def check_sequence_length(model, prompt_positions: int, gen: GenerationConfig, *, images_counted: bool) -> None:
@@ -186,6 +206,7 @@ def generate(
     graphs="auto",
     policies: Sequence[DecodePolicy] = (),
     progress: bool = False,
+    request_seeds: Sequence[int] | None = None,
 ) -> GenerationOutput:
     """Decode a batch of requests with a masked-diffusion model.
 
@@ -207,9 +228,13 @@ def generate(
         (``serving.graph_cache``).
     policies: further ``DecodePolicy`` objects, called after the built-in ones.
     progress: a progress bar over the denoising steps.
+    request_seeds: with ``gen.rng == "per_request"``, one int in [0, 2**62] per request: the seed of
+        request b's generator, instead of ``gen.seed + b`` (a request then draws the same numbers
+        whatever its index, batch or shard; the harnesses seed each request from its content).
     """
     gen = gen if gen is not None else GenerationConfig()
     validate_request(model, input_ids, attention_mask, images, gen)
+    request_seeds = check_request_seeds(request_seeds, input_ids.shape[0], gen)
     if not isinstance(progress, bool):
         raise TypeError(f"progress must be a bool, got {type(progress).__name__}")
     composed = compose_policies(seer=seer, router=router, dyllm=dyllm, policies=policies, graphs=graphs,
@@ -217,7 +242,7 @@ def generate(
     t0 = time.perf_counter()
     with prange("generate"):
         run = DecodeRun(model, input_ids, attention_mask, images, gen, policies=composed, progress=progress,
-                        graphs=graphs)
+                        graphs=graphs, request_seeds=request_seeds)
         if images is not None:  # the image features are embedded now: the exact prompt length
             check_sequence_length(model, run.prompt_len, gen, images_counted=True)
         try:
