@@ -233,3 +233,32 @@ def test_devices_and_the_global_generator_are_checked(checkpoint):
     request = RunRequest(0, 1, "w1", options={"threshold": 0.5})
     (prepared,) = decoder.prepare([request])
     assert prepared.gen.threshold == 0.5 and prepared.gen.steps is None  # a threshold decides the steps
+
+
+def test_the_ray_predictor_answers_a_batch_as_seer_run_does(tmp_path, checkpoint):
+    """``SeerPredictor`` on a batch as Ray Data hands one over (numpy columns; Arrow's nulls in the
+    options), without Ray: the records ``seer run`` writes for the same requests."""
+    import numpy as np
+
+    from seer_runtime.ray_data import SeerPredictor
+
+    predictor = SeerPredictor(str(checkpoint), generation={"gen_length": 8, "steps": 8, "block_length": 4},
+                              device="cpu", batch_size=2)
+    batch = {"prompt": np.array([r["prompt"] for r in REQUESTS], dtype=object),
+             "options": np.array([None, {"temperature": float("nan")}, {"temperature": 1.5}, "{}", None], dtype=object),
+             "id": np.array(["a", "", "", "", "5"], dtype=object)}
+    out = predictor(batch)
+    assert out["id"] is batch["id"] and out["answer"].dtype == object and out["seed"].dtype == np.int64
+    inp = write_lines(tmp_path / "in.jsonl", REQUESTS)
+    assert run(checkpoint, inp, tmp_path / "out.jsonl") == 0
+    records = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    for r, record in enumerate(records):
+        assert {k: out[k][r].item() if hasattr(out[k][r], "item") else out[k][r] for k in record
+                if k not in ("line", "id")} == {k: v for k, v in record.items() if k not in ("line", "id")}
+    assert predictor.speed.requests == 5
+    with pytest.raises(ValueError, match="a batch needs a 'prompt' column"):
+        predictor({"question": batch["prompt"]})
+    with pytest.raises(ValueError, match=r"already has columns \['answer'\]"):
+        predictor({**batch, "answer": batch["prompt"]})
+    with pytest.raises(ValueError, match="batch row 1: options is not JSON"):
+        predictor({"prompt": batch["prompt"][:2], "options": np.array([None, "{oops"], dtype=object)})
