@@ -187,7 +187,9 @@ class HarnessModel:
                                                                                    self.ranks.world_size):
                 raise RuntimeError(f"accelerate sees process {self.accelerator.process_index} of "
                                    f"{self.accelerator.num_processes}, the launcher rank {self.ranks.rank} of "
-                                   f"{self.ranks.world_size}")
+                                   f"{self.ranks.world_size}: its state was made before the model, for one "
+                                   "process (lmms-eval's command line makes an Accelerator first; on CPU it needs "
+                                   "ACCELERATE_USE_CPU=1 to make it for all the ranks)")
             if self.ranks.is_main:
                 print(f"[seer] data parallel: {self.ranks.world_size} processes, rank 0 on {self.model.device}",
                       file=sys.stderr)
