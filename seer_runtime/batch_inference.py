@@ -22,7 +22,8 @@ Timings are the run's, printed at the end (tokens and NFE summed over ranks, the
 decode time).
 
 Sharding and resumption: launched under ``torchrun`` / ``accelerate launch`` (RANK, WORLD_SIZE,
-LOCAL_RANK), rank r decodes the requests whose index i (0-based) has i % world_size == r. Every
+LOCAL_RANK), rank r decodes every world_size-th request that no part file holds yet, from the
+r-th on (all ranks read the part files before any writes, and check that they saw the same). Every
 rank appends its answers to its own part file, ``<output>.parts/rank-R-of-W.jsonl``, flushed
 and fsynced after every batch; a part file starts with the run's settings (:meth:`BatchDecoder.
 fingerprint`) and every answer carries a digest of its input line. A run started again on the
@@ -614,16 +615,22 @@ def run_file(decoder: BatchDecoder, input_path: str | Path, output: str | Path, 
     requests = read_run_requests(input_path) if requests is None else list(requests)
     check_output(input_path, output, overwrite=overwrite)
     fingerprint = decoder.fingerprint()
-    error, prepared = None, []
+    error, prepared, done = None, [], {}
     try:
         done = read_parts(output, requests, fingerprint)
-        mine = [r for r in requests if r.index % ranks.world_size == ranks.rank and r.line not in done]
+        # the rest shared evenly (after a resume the earlier shares may be far from even)
+        mine = [r for r in requests if r.line not in done][ranks.rank::ranks.world_size]
         prepared = decoder.prepare(mine)
     except ValueError as exc:
         error = str(exc)
-    errors = [e for e in all_gather_objects(error, ranks) if e is not None]
+    seen = line_digest(json.dumps(sorted(done)))
+    gathered = all_gather_objects((error, seen), ranks)  # every read happens before this, every write after
+    errors = [e for e, _ in gathered if e is not None]
     if errors:
         raise ValueError(errors[0])
+    if len({d for _, d in gathered}) > 1:
+        raise RuntimeError(f"the ranks read different answers from {parts_folder(output)} (is another run writing "
+                           "there?): nothing was decoded")
     resumed = len(done)
     if ranks.is_main:
         print(f"[seer run] {len(requests)} requests in {input_path}; {resumed} answered in earlier parts; "
