@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -81,15 +82,16 @@ def runs(tmp_path_factory):
     requests = write_requests(folder)
     env = subprocess_env(folder)
     resumed = folder / "resumed.jsonl"
-    kept = kill_after_first_answers(requests, resumed, env)
-
     one, two = folder / "one", folder / "two"
     one.mkdir()
     two.mkdir()
-    with pytest.MonkeyPatch.context() as mp, kernel_backend("reference"):
-        mp.setenv("HF_DATASETS_CACHE", str(folder / "datasets"))
-        mp.chdir(ROOT)
-        driver.main(str(one), str(requests))
+    with ThreadPoolExecutor(1) as pool:  # the run to kill beside the one-process run: one core each
+        killed = pool.submit(kill_after_first_answers, requests, resumed, env)
+        with pytest.MonkeyPatch.context() as mp, kernel_backend("reference"):
+            mp.setenv("HF_DATASETS_CACHE", str(folder / "datasets"))
+            mp.chdir(ROOT)
+            driver.main(str(one), str(requests))
+        kept = killed.result()
     launch = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                              "-m", "tests.harness.data_parallel_driver", str(two), str(requests), str(resumed)],
                             env=env, cwd=ROOT, capture_output=True, text=True, timeout=400)
