@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import calibrate, demo, generate
+from . import calibrate, demo, generate, run
 from .options import model_services
 
 __all__ = ["build_parser", "main", "model_services"]
@@ -21,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_parsers(sub)
     demo.add_parsers(sub)
     calibrate.add_parsers(sub)
+    run.add_parsers(sub)
     return parser
 
 

@@ -1,12 +1,27 @@
 """What the harness adapters share: loading a checkpoint from the harness's model arguments, the
 decoding configuration of a task's generation keywords, batched decoding of requests with
-answers cut as LLaDA's evaluation cuts them, and the speed figures Fast-dLLM prints.
+answers cut as LLaDA's evaluation cuts them, the speed figures Fast-dLLM prints, and data
+parallelism under ``accelerate launch`` / ``torchrun``.
+
+Data parallelism: launched with several processes (WORLD_SIZE > 1), each process joins the
+launcher's process group (``batch_inference.init_data_parallel``: NCCL on CUDA, gloo on CPU, a
+collective timeout of ``dist_timeout`` seconds), loads the model on cuda:LOCAL_RANK (cpu on CPU)
+and reports the global rank and world size to the harness, which gives it its share of the
+documents and gathers the results. Each request is seeded from its own content
+(:func:`request_seed`: the prompt, the images and the configured ``seed``; ``rng="per_request"``
+unless ``rng="global"`` is asked for on one process), so an answer does not depend on the shard
+or the batch. The speed figures of a call are summed over the ranks (tokens, NFE and requests
+added, the wall time of the slowest rank) and printed once, by rank 0. The harnesses' padding
+requests (copies a short rank decodes so that every rank runs as many) are not decoded: lm-eval's
+get the answer of the request they copy, lmms-eval's (marked ``__padding_only__``) an empty one,
+and neither is counted in the figures.
 
 No harness is imported here.
 """
 
 from __future__ import annotations
 
+import hashlib
 import sys
 import time
 from dataclasses import dataclass
@@ -15,13 +30,14 @@ from types import SimpleNamespace
 import torch
 from tqdm.auto import tqdm
 
+from ..batch_inference import DEFAULT_DIST_TIMEOUT_S, all_gather_objects, init_data_parallel, request_seed
 from ..config import GenerationConfig
 from ..evaluate import pad_left
 from ..generation import generate
 
 #: the adapters' shared model arguments (every other key is a GenerationConfig field)
 MODEL_ARGS = ("pretrained", "seer", "dyllm", "chat_template", "dtype", "device", "batch_size", "max_batch_size",
-              "show_speed")
+              "show_speed", "dist_timeout")
 #: generation keywords of a task that are not GenerationConfig fields
 TASK_KEYS = ("until", "max_gen_toks", "do_sample")
 
@@ -46,6 +62,14 @@ class Speed:
         for name in ("tokens", "wall_s", "nfe", "requests", "cut_to_max_gen_toks"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
+    @staticmethod
+    def combined(parts: list[Speed]) -> Speed:
+        """Ranks' figures of one call together: counts added, the wall time of the slowest rank."""
+        total = Speed(wall_s=max((p.wall_s for p in parts), default=0.0))
+        for name in ("tokens", "nfe", "requests", "cut_to_max_gen_toks"):
+            setattr(total, name, sum(getattr(p, name) for p in parts))
+        return total
+
     def lines(self) -> list[str]:
         """Fast-dLLM's ``show_speed`` lines, and the requests and cut answers."""
         return [f"Total number of tokens generated: {self.tokens}", f"Total time taken: {self.wall_s:.3f} seconds",
@@ -68,6 +92,47 @@ def flag(name: str, value) -> bool:
     return value
 
 
+def positive_seconds(name: str, value) -> float:
+    """``value`` (a number, or its text as the harnesses' argument strings give it) checked > 0."""
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
+    return float(value)
+
+
+def image_identity(image) -> str:
+    """What a request's image contributes to its seed: a digest of a PIL image's mode, size and
+    pixels (the same picture gives the same seed in any process), or the text of anything else
+    (a path)."""
+    if hasattr(image, "tobytes") and hasattr(image, "size") and hasattr(image, "mode"):
+        h = hashlib.blake2b(f"{image.mode}:{image.size}:".encode(), digest_size=16)
+        h.update(image.tobytes())
+        return h.hexdigest()
+    return str(image)
+
+
+def repeat_indices(requests: list, repeats_of) -> tuple[list[int], dict[int, int]]:
+    """How lm-eval lays out a call's requests: each request object appears ``repeats`` times in a
+    row (its samples), and a rank with fewer documents appends more copies of its last request
+    (padding, whose results are dropped). Returns the sample index of every position (the k-th
+    occurrence of its object) and, for each padding position, the position whose answer it takes."""
+    seen: dict[int, list[int]] = {}
+    samples, padding = [], {}
+    for i, req in enumerate(requests):
+        where = seen.setdefault(id(req), [])
+        k = len(where)
+        repeats = repeats_of(req) or 1
+        if k >= repeats:
+            padding[i] = where[k % repeats]
+        where.append(i)
+        samples.append(k % repeats)
+    return samples, padding
+
+
 class HarnessModel:
     """A checkpoint loaded from a harness's model arguments (``MODEL_ARGS`` and GenerationConfig
     fields, over the checkpoint's decoding defaults), and its batched decoding.
@@ -76,20 +141,27 @@ class HarnessModel:
     """
 
     def __init__(self, pretrained: str, *, seer=None, dyllm=None, chat_template=None, dtype=None, device="cpu",
-                 batch_size=1, max_batch_size=None, show_speed=True, generation: dict, own_args=MODEL_ARGS):
+                 batch_size=1, max_batch_size=None, show_speed=True, dist_timeout=DEFAULT_DIST_TIMEOUT_S,
+                 generation: dict, own_args=MODEL_ARGS):
         from ..cli.options import DTYPES, checkpoint_generation_fields, model_services, policies
 
         if not isinstance(pretrained, str) or not pretrained:
             raise ValueError("pretrained must be a local checkpoint directory (--model_args pretrained=DIR)")
+        fields = {**checkpoint_generation_fields(pretrained), **generation}
+        #: each request seeded from its content (rng "per_request") unless rng="global" was asked for
+        self.content_seeds = fields.get("rng", "per_request") == "per_request"
         try:
-            self.gen = GenerationConfig.from_dict({**checkpoint_generation_fields(pretrained), **generation})
+            self.gen = GenerationConfig.from_dict({"rng": "per_request", **fields})
         except (TypeError, ValueError) as exc:
             raise ValueError(f"--model_args: {exc}; seer's own arguments are {list(own_args)}") from None
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {[k for k in DTYPES if k]}, got {dtype!r}")
-        device = "cpu" if device is None else str(device)
-        if device.startswith("cuda") and not torch.cuda.is_available():
-            raise ValueError(f"device={device!r}, but CUDA is not available here: pass --device cpu")
+        self.ranks, device = init_data_parallel("cpu" if device is None else str(device),
+                                                timeout_s=positive_seconds("dist_timeout", dist_timeout))
+        if self.ranks.world_size > 1 and not self.content_seeds:
+            raise ValueError(f"rng='global' under {self.ranks.world_size} processes: the global generator's draws "
+                             "depend on the shard and the batch; leave rng unset (each request is seeded from its "
+                             "content)")
         if isinstance(batch_size, str) and batch_size.startswith("auto"):
             raise ValueError("batch_size 'auto' is not supported: give the number of requests per batch")
         if max_batch_size is not None:
@@ -101,7 +173,26 @@ class HarnessModel:
         self.tokenizer = self.services.load_tokenizer(pretrained, chat_template=chat_template, require_template=False)
         self.model = self.services.load_model(pretrained, dtype=DTYPES[dtype], device=device)
         self.seer, self.dyllm = policies(SimpleNamespace(seer=seer, dyllm=dyllm), self.model)
+        #: the figures of every call, all ranks together (the same on every rank)
         self.speed = Speed()
+        #: this rank's own figures
+        self.rank_speed = Speed()
+        #: accelerate's Accelerator over the process group, for harnesses that use one (lmms-eval)
+        self.accelerator = None
+        if self.ranks.world_size > 1:
+            from accelerate import Accelerator
+
+            self.accelerator = Accelerator(cpu=self.model.device.type == "cpu")
+            if (self.accelerator.process_index, self.accelerator.num_processes) != (self.ranks.rank,
+                                                                                   self.ranks.world_size):
+                raise RuntimeError(f"accelerate sees process {self.accelerator.process_index} of "
+                                   f"{self.accelerator.num_processes}, the launcher rank {self.ranks.rank} of "
+                                   f"{self.ranks.world_size}: its state was made before the model, for one "
+                                   "process (lmms-eval's command line makes an Accelerator first; on CPU it needs "
+                                   "ACCELERATE_USE_CPU=1 to make it for all the ranks)")
+            if self.ranks.is_main:
+                print(f"[seer] data parallel: {self.ranks.world_size} processes, rank 0 on {self.model.device}",
+                      file=sys.stderr)
 
     @property
     def tokenizer_name(self) -> str:
@@ -130,6 +221,9 @@ class HarnessModel:
             gen = GenerationConfig.from_dict({**self.gen.to_dict(), **fields})
         except (TypeError, ValueError) as exc:
             raise ValueError(f"the task's generation keywords {kwargs}: {exc}") from None
+        if gen.rng == "global" and self.ranks.world_size > 1:
+            raise ValueError(f"the task's generation keywords {kwargs}: rng='global' under {self.ranks.world_size} "
+                             "processes (its draws depend on the shard and the batch)")
         if sample is True and gen.temperature == 0:
             raise ValueError("do_sample=True needs temperature > 0 (in the task's keywords or --model_args)")
         return gen, until, cap
@@ -144,28 +238,40 @@ class HarnessModel:
         return text
 
     def decode(self, prompts: list[list[int]], images: list | None, kwargs: list[dict], *, desc: str,
-               disable_tqdm: bool = False, on_answer=None) -> list[str]:
+               disable_tqdm: bool = False, on_answer=None, identities: list[tuple] | None = None) -> list[str]:
         """Answers to requests ``prompts[i]`` (ids, ``<image>`` as -200) with ``images[i]`` (None, or
         one entry per request as ``generate`` takes them) and generation keywords ``kwargs[i]``.
 
         Requests with equal keywords are decoded together in order, ``batch_size`` at a time;
-        ``on_answer(i, text)`` is called for each answer (the harness's cache hook)."""
+        ``on_answer(i, text)`` is called for each answer (the harness's cache hook).
+        identities: per request ``(prompt text, image identities, sample index)``, what its seed is
+        made of (:func:`request_seed`, with the configured ``seed``) when its GenerationConfig has
+        ``rng="per_request"``; None: the prompt ids, no image, sample 0.
+
+        A collective under several processes: every rank calls it once per harness call (with
+        its share, possibly empty), and the figures are gathered from all of them."""
         groups: dict[str, list[int]] = {}
         for i, kw in enumerate(kwargs):
             groups.setdefault(repr(sorted(kw.items())), []).append(i)
         answers: list[str] = [""] * len(prompts)
-        bar = tqdm(total=len(prompts), desc=desc, disable=disable_tqdm, file=sys.stderr)
+        bar = tqdm(total=len(prompts), desc=desc, disable=disable_tqdm or not self.ranks.is_main, file=sys.stderr)
         call = Speed()
         device = self.model.device
         for rows in groups.values():
             gen, until, cap = self.request_config(kwargs[rows[0]])
             for start in range(0, len(rows), self.batch_size):
                 batch = rows[start: start + self.batch_size]
+                seeds = None
+                if gen.rng == "per_request":
+                    seeds = []
+                    for i in batch:
+                        prompt, image_ids, sample = identities[i] if identities is not None else (prompts[i], (), 0)
+                        seeds.append(request_seed(gen.seed, prompt, images=image_ids, sample=sample))
                 ids, mask = pad_left([prompts[i] for i in batch], self.model.token_ids.pad)
                 t0 = time.perf_counter()
                 out = generate(self.model, ids.to(device), attention_mask=None if mask is None else mask.to(device),
                                images=None if images is None else [images[i] for i in batch], gen=gen,
-                               seer=self.seer, dyllm=self.dyllm)
+                               seer=self.seer, dyllm=self.dyllm, request_seeds=seeds)
                 if out.sequences.is_cuda:  # the time of the work, not of its launch
                     torch.cuda.synchronize(out.sequences.device)
                 call.wall_s += time.perf_counter() - t0
@@ -182,7 +288,11 @@ class HarnessModel:
                 call.requests += len(batch)
                 bar.update(len(batch))
         bar.close()
-        self.speed.add(call)
-        if self.show_speed:
-            print("\n".join(f"[seer] {line}" for line in call.lines()), file=sys.stderr)
+        self.rank_speed.add(call)
+        total = Speed.combined(all_gather_objects(call, self.ranks))
+        self.speed.add(total)
+        if self.show_speed and self.ranks.is_main:
+            ranks = f" ({self.ranks.world_size} ranks: counts summed, the slowest rank's time)" \
+                if self.ranks.world_size > 1 else ""
+            print("\n".join(f"[seer] {line}" for line in total.lines()) + ranks, file=sys.stderr)
         return answers

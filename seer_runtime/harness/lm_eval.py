@@ -43,6 +43,20 @@ Requests:
 Speed, as Fast-dLLM's ``show_speed`` prints it after every ``generate_until`` call: generated
 tokens (answer tokens before the end token), wall time, tokens per second, NFE (forward passes,
 summed over batches); also in :attr:`SeerLM.speed`.
+
+Data parallel (``accelerate launch`` or ``torchrun``, one process per GPU)::
+
+    accelerate launch --num_processes 8 -m seer_runtime.harness.lm_eval --model seer \
+        --model_args pretrained=DIR --tasks gsm8k --device cuda --batch_size 16 --apply_chat_template
+
+Each rank reports its global rank and the world size, so lm-eval gives it every world_size-th
+document; it implements lm-eval's ``all_gather`` / ``gather_object`` / ``barrier`` over the
+process group (``dist_timeout`` seconds, default 3600, before a collective fails) and loads the
+model on cuda:LOCAL_RANK. ``generate_until`` seeds each request from its context, its sample
+index and ``seed`` (``rng="per_request"`` unless ``rng=global`` is given on one process), and
+``loglikelihood`` from its ids and ``mc_seed``: answers and scores do not depend on the number of
+processes or the batch. lm-eval's padding requests are not decoded (module ``common``). The
+speed lines are the sums over ranks (the wall time of the slowest), printed by rank 0.
 """
 
 from __future__ import annotations
@@ -56,7 +70,7 @@ import torch.nn.functional as F
 from lm_eval.api.model import LM
 from tqdm.auto import tqdm
 
-from .common import MODEL_ARGS, HarnessModel, flag, positive_int
+from .common import MODEL_ARGS, HarnessModel, flag, positive_int, repeat_indices
 
 MODEL_NAME = "seer"
 
@@ -71,7 +85,7 @@ class SeerLM(LM):
                  chat_template: str | None = None, dtype: str | None = None, device: str | None = "cpu",
                  batch_size: int | str | None = 1, max_batch_size: int | None = None, mc_num: int = 128,
                  mc_batch_size: int = 32, mc_seed: int = 1234, check_greedy: bool = True,
-                 add_bos_token: bool = False, show_speed: bool = True, **generation):
+                 add_bos_token: bool = False, show_speed: bool = True, dist_timeout: float = 3600.0, **generation):
         super().__init__()
         self.mc_num = positive_int("mc_num", mc_num)
         self.mc_batch_size = positive_int("mc_batch_size", mc_batch_size)
@@ -84,11 +98,44 @@ class SeerLM(LM):
         self.add_bos_token = flag("add_bos_token", add_bos_token)
         self.harness = HarnessModel(pretrained, seer=seer, dyllm=dyllm, chat_template=chat_template, dtype=dtype,
                                     device=device, batch_size=batch_size, max_batch_size=max_batch_size,
-                                    show_speed=show_speed, generation=generation, own_args=ADAPTER_ARGS)
+                                    show_speed=show_speed, dist_timeout=dist_timeout, generation=generation,
+                                    own_args=ADAPTER_ARGS)
         h = self.harness
         self.model, self.tokenizer, self.gen, self.speed, self.batch_size = (h.model, h.tokenizer, h.gen, h.speed,
                                                                              h.batch_size)
         self._device = self.model.device
+        self._rank, self._world_size = h.ranks.rank, h.ranks.world_size
+        if h.accelerator is not None:
+            self.accelerator = h.accelerator
+
+    # ------------------------------------------------------------------ lm-eval's collectives
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Every rank's ``tensor`` concatenated along dim 0 in rank order (a 0-d tensor counts as
+        one element), as accelerate's ``gather``; the tensor itself on one process."""
+        if self.world_size == 1:
+            return tensor
+        import torch.distributed as dist
+
+        part = tensor.reshape(1) if tensor.dim() == 0 else tensor.contiguous()
+        parts = [torch.empty_like(part) for _ in range(self.world_size)]
+        dist.all_gather(parts, part)
+        return torch.cat(parts)
+
+    def gather_object(self, obj, dst: int = 0):
+        """Every rank's ``obj`` in rank order on rank ``dst`` (None elsewhere); ``[obj]`` alone."""
+        if self.world_size == 1:
+            return [obj]
+        import torch.distributed as dist
+
+        gathered = [None] * self.world_size if self.rank == dst else None
+        dist.gather_object(obj, gathered, dst=dst)
+        return gathered
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
 
     # ------------------------------------------------------------------------- chat templates
     @property
@@ -121,12 +168,21 @@ class SeerLM(LM):
 
     # ------------------------------------------------------------------------ generate_until
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        """Answers to ``(context, generation keywords)`` requests, in order (module docstring)."""
-        def cache(i, text):
-            self.cache_hook.add_partial("generate_until", requests[i].args, text)
+        """Answers to ``(context, generation keywords)`` requests, in order (module docstring): the
+        k-th copy of a request (lm-eval's repeats) is its sample k; lm-eval's padding copies get
+        the answer of the request they copy without being decoded."""
+        samples, padding = repeat_indices(requests, lambda r: getattr(r, "repeats", None))
+        real = [i for i in range(len(requests)) if i not in padding]
 
-        return self.harness.decode([self._encode(r.args[0]) for r in requests], None, [r.args[1] for r in requests],
-                                   desc="seer generate_until", disable_tqdm=disable_tqdm, on_answer=cache)
+        def cache(j, text):
+            self.cache_hook.add_partial("generate_until", requests[real[j]].args, text)
+
+        decoded = self.harness.decode([self._encode(requests[i].args[0]) for i in real], None,
+                                      [requests[i].args[1] for i in real], desc="seer generate_until",
+                                      disable_tqdm=disable_tqdm, on_answer=cache,
+                                      identities=[(requests[i].args[0], (), samples[i]) for i in real])
+        answers = dict(zip(real, decoded))
+        return [answers[padding.get(i, i)] for i in range(len(requests))]
 
     # ------------------------------------------------------------------------- loglikelihood
     def _logits(self, batch: torch.Tensor, prompt_len: int) -> torch.Tensor:
@@ -198,8 +254,15 @@ class SeerLM(LM):
         return seq[0, len(prefix):].tolist() == target
 
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        """``(log p, is_greedy)`` per ``(context, continuation)`` request, in order; lm-eval's padding
+        copies take the result of the request they copy (the estimate is seeded by its ids)."""
+        _, padding = repeat_indices(requests, lambda r: getattr(r, "repeats", None))
         out = []
-        for req in tqdm(requests, desc="seer loglikelihood", disable=disable_tqdm, file=sys.stderr):
+        bar = tqdm(requests, desc="seer loglikelihood", disable=disable_tqdm or self.rank != 0, file=sys.stderr)
+        for i, req in enumerate(bar):
+            if i in padding:
+                out.append(out[padding[i]])
+                continue
             prefix, target = self._encode_pair(*req.args)
             result = (self.mc_loglikelihood(prefix, target),
                       self.suffix_greedy(prefix, target) if self.check_greedy else False)

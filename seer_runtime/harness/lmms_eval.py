@@ -21,6 +21,17 @@ processor does, its prompt is the chat template rendered for one user turn whose
 ``<image>\\n`` per image and then the context (LaViDa's wrapper's layout), and requests are
 decoded ``--batch_size`` at a time; answers and speed figures as in the lm-eval adapter.
 ``loglikelihood`` and multi-round generation are not supported (errors).
+
+Data parallel (``accelerate launch`` or ``torchrun``, one process per GPU)::
+
+    accelerate launch --num_processes 8 -m lmms_eval --model seer_lavida \
+        --model_args pretrained=DIR,chat_template=lavida-llada --tasks chartqa --device cuda --batch_size 16
+
+The model is loaded on cuda:LOCAL_RANK (lmms-eval creates its Accelerator after the model), the
+global rank and world size come from the launcher (RANK, WORLD_SIZE), and ``accelerator`` is
+accelerate's Accelerator over the process group, whose ``gather`` lmms-eval uses. Each request is
+seeded from its context, its images' pixels, its sample index and ``seed``. lmms-eval's padding
+requests (``__padding_only__``) are not decoded: they get an empty answer, which lmms-eval drops.
 """
 
 from __future__ import annotations
@@ -28,7 +39,7 @@ from __future__ import annotations
 from lmms_eval.api.model import lmms
 
 from . import LMMS_MODEL_NAME as MODEL_NAME
-from .common import HarnessModel
+from .common import HarnessModel, image_identity, repeat_indices
 
 
 class SeerLavida(lmms):
@@ -39,11 +50,11 @@ class SeerLavida(lmms):
     def __init__(self, pretrained: str, *, seer: str | None = None, dyllm: str | None = None,
                  chat_template: str | None = None, dtype: str | None = None, device: str | None = "cpu",
                  batch_size: int | str | None = 1, max_batch_size: int | None = None, show_speed: bool = True,
-                 **generation):
+                 dist_timeout: float = 3600.0, **generation):
         super().__init__()
         self.harness = HarnessModel(pretrained, seer=seer, dyllm=dyllm, chat_template=chat_template, dtype=dtype,
                                     device=device, batch_size=batch_size, max_batch_size=max_batch_size,
-                                    show_speed=show_speed, generation=generation)
+                                    show_speed=show_speed, dist_timeout=dist_timeout, generation=generation)
         h = self.harness
         if not getattr(h.model, "is_multimodal", False):
             raise ValueError(f"{pretrained} holds a text-only model ({type(h.model).__name__}): use lm-eval's "
@@ -53,26 +64,43 @@ class SeerLavida(lmms):
                              "or a jinja2 file)")
         self.model, self.tokenizer, self.gen, self.speed, self.batch_size = (h.model, h.tokenizer, h.gen, h.speed,
                                                                              h.batch_size)
+        self._device = self.model.device
+        self._rank, self._world_size = h.ranks.rank, h.ranks.world_size
+        if h.accelerator is not None:
+            self.accelerator = h.accelerator
+
+    @property
+    def device(self):
+        """The model's device (lmms-eval puts its rank-count tensors there)."""
+        return self._device
 
     def _prompt(self, context: str, n_images: int) -> list[int]:
         content = "<image>\n" * n_images + context
         return self.tokenizer.encode(self.tokenizer.apply_chat_template([{"role": "user", "content": content}]))
 
     def generate_until(self, requests) -> list[str]:
-        """Answers to ``(context, generation keywords, doc_to_visual, doc_id, task, split)`` requests."""
-        prompts, images, kwargs = [], [], []
-        for req in requests:
-            context, gen_kwargs, doc_to_visual, doc_id, task, split = req.args
+        """Answers to ``(context, generation keywords, doc_to_visual, doc_id, task, split)`` requests
+        (padding requests: an empty answer, not decoded; the k-th copy of a request: sample k)."""
+        samples, _ = repeat_indices(requests, lambda r: getattr(r, "repeats", None))
+        real = [i for i, r in enumerate(requests) if not (getattr(r, "metadata", None) or {}).get("__padding_only__")]
+        prompts, images, kwargs, identities = [], [], [], []
+        for i in real:
+            context, gen_kwargs, doc_to_visual, doc_id, task, split = requests[i].args
             visuals = [v for v in (doc_to_visual(self.task_dict[task][split][doc_id]) or []) if v is not None]
             prompts.append(self._prompt(context, len(visuals)))
             images.append([self.harness.services.prepare_image(self.model, v) for v in visuals])
             kwargs.append(dict(gen_kwargs))
+            identities.append((context, [image_identity(v) for v in visuals], samples[i]))
 
-        def cache(i, text):
-            self.cache_hook.add_partial("generate_until", (requests[i].args[0], requests[i].args[1]), text)
+        def cache(j, text):
+            self.cache_hook.add_partial("generate_until", (requests[real[j]].args[0], requests[real[j]].args[1]), text)
 
-        return self.harness.decode(prompts, images, kwargs, desc="seer_lavida generate_until",
-                                   disable_tqdm=self.rank != 0, on_answer=cache)
+        decoded = self.harness.decode(prompts, images, kwargs, desc="seer_lavida generate_until",
+                                      disable_tqdm=self.rank != 0, on_answer=cache, identities=identities)
+        answers = [""] * len(requests)
+        for i, text in zip(real, decoded):
+            answers[i] = text
+        return answers
 
     def loglikelihood(self, requests):
         raise NotImplementedError("seer_lavida scores generate_until tasks only; for likelihoods of text, use "

@@ -13,7 +13,9 @@ import torch
 from lmms_eval.api.instance import Instance
 
 from seer_runtime import GenerationConfig, generate
+from seer_runtime.batch_inference import request_seed
 from seer_runtime.harness import lmms_eval_models
+from seer_runtime.harness.common import image_identity
 from seer_runtime.harness.lmms_eval import SeerLavida
 from tests.cli.test_cli import write_checkpoint
 
@@ -69,7 +71,10 @@ def test_requests_with_images_decode_as_generate_does(tmp_path, kind):
     ids = torch.tensor([[251] * (width - len(p)) + p for p in prompts])
     mask = (torch.arange(width)[None] >= torch.tensor([width - len(p) for p in prompts])[:, None]).long()
     images = [[lm.harness.services.prepare_image(lm.model, pictures[i])] for i in range(2)]
-    out = generate(lm.model, ids, attention_mask=mask, images=images, gen=GenerationConfig(gen_length=4, seed=0))
+    # each request drawn from its own generator, seeded from its context, its picture and the seed
+    seeds = [request_seed(0, c, images=[image_identity(pictures[i])]) for i, c in enumerate(contexts)]
+    out = generate(lm.model, ids, attention_mask=mask, images=images, request_seeds=seeds,
+                   gen=GenerationConfig(gen_length=4, seed=0, rng="per_request"))
     assert answers == [lm.harness.answer_text(out.answer_ids(r), ["w249"]) for r in range(2)]
     assert lm.speed.requests == 2 and lm.speed.nfe == out.stats.nfe
     with pytest.raises(NotImplementedError, match="generate_until tasks only"):
