@@ -157,20 +157,23 @@ def warn_idle_steps(gen: GenerationConfig, rules: DecodingRules) -> None:
                       "generators do the same)", UserWarning)
 
 
-def check_request_seeds(request_seeds, batch: int, gen: GenerationConfig) -> None:
-    """``request_seeds``: one int per request in ``[0, 2**62]``, with ``rng="per_request"`` only."""
+def check_request_seeds(request_seeds, batch_size: int, gen: GenerationConfig) -> None:
+    """``request_seeds``: a ``TypeError``/``ValueError`` naming it unless it is one int in
+    [0, 2**62] per request and ``gen.rng`` is "per_request" (None passes)."""
     if request_seeds is None:
         return
     if gen.rng != "per_request":
-        raise ValueError("request_seeds seeds each request's own generator: it needs "
-                         "GenerationConfig(rng='per_request')")
+        raise ValueError(f"request_seeds needs GenerationConfig(rng='per_request'), got rng={gen.rng!r} (the global "
+                         "generator has no per-request seed)")
     if isinstance(request_seeds, (str, bytes)) or not isinstance(request_seeds, Sequence):
         raise TypeError(f"request_seeds must be a sequence of ints, got {type(request_seeds).__name__}")
-    if len(request_seeds) != batch:
-        raise ValueError(f"request_seeds must hold one seed per request ({batch}), got {len(request_seeds)}")
-    for i, s in enumerate(request_seeds):
-        if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s <= MAX_SEED:
-            raise ValueError(f"request_seeds[{i}] must be an int in [0, {MAX_SEED}], got {s!r}")
+    if len(request_seeds) != batch_size:
+        raise ValueError(f"request_seeds must have one seed per request ({batch_size}), got {len(request_seeds)}")
+    for i, seed in enumerate(request_seeds):
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"request_seeds[{i}] must be an int, got {type(seed).__name__}")
+        if not 0 <= seed <= MAX_SEED:
+            raise ValueError(f"request_seeds[{i}] must be in [0, 2**62], got {seed}")
 
 
 def compose_policies(*, seer=None, dyllm=None, policies: Sequence = ()) -> list[Policy]:
