@@ -86,4 +86,4 @@ def test_unreadable_image_exits_2_naming_it(tmp_path, capsys):
     code = main(["generate", "--model", str(tmp_path), "--prompt", "w1", "--image", str(tmp_path / "picture.png")])
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err
-    assert "seer generate: error: cannot identify image file" in err and "picture.png" in err, err
+    assert f"seer generate: error: --image {tmp_path / 'picture.png'} is not an image file PIL can read" in err, err
