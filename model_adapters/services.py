@@ -42,14 +42,16 @@ def load_image(model, path: str | Path, *, what: str = "image file"):
 
 
 def check_checkpoint(path: str | Path) -> dict:
-    """What a command needs to know of a checkpoint directory before it loads anything:
+    """What a command needs to know of a checkpoint directory before it reads any weight:
     ``{"architecture": key, "multimodal": bool}``, after validating its config.json
-    (``loading.check_config``: errors name the file and the field)."""
+    (``loading.check_config``) and building the model on the meta device (no memory), which
+    also checks its special token ids against the vocabulary; errors name the file and field."""
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"model directory {path} does not exist")
     arch = check_config(path)
-    return {"architecture": arch, "multimodal": arch.startswith("llava")}
+    model = build_model(path, device="meta")
+    return {"architecture": arch, "multimodal": bool(getattr(model, "is_multimodal", False))}
 
 
 def tiny_random_model(kind: str = "lavida-llada", *, seed: int = 0):

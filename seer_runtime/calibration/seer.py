@@ -231,9 +231,8 @@ def calibrate(model, requests: list[Request], gen: GenerationConfig, *, lam: flo
     W = gen.gen_length
     rules = DecodingRules.of(model)
     t0 = time.perf_counter()
-    bar = tqdm(total=len(requests), desc="baseline", disable=not progress, file=sys.stderr)
-    base = run_requests(model, requests, gen, batch_size=batch_size, progress=bar)
-    bar.close()
+    with tqdm(total=len(requests), desc="baseline", disable=not progress, file=sys.stderr) as bar:
+        base = run_requests(model, requests, gen, batch_size=batch_size, progress=bar)
     true_end = [e if e >= 0 else W for e in base.end_positions]
     score = score or exact_match
     base_acc = score(requests, base.answers)
@@ -320,9 +319,8 @@ def calibrate(model, requests: list[Request], gen: GenerationConfig, *, lam: flo
     verified = []
     for s in to_verify:
         c = replace(s["config"], guard_mode=guard_mode)
-        bar = tqdm(total=len(requests), desc=f"verify {c.probe}", disable=not progress, file=sys.stderr)
-        res = run_requests(model, requests, gen, seer=c, batch_size=batch_size, progress=bar)
-        bar.close()
+        with tqdm(total=len(requests), desc=f"verify {c.probe}", disable=not progress, file=sys.stderr) as bar:
+            res = run_requests(model, requests, gen, seer=c, batch_size=batch_size, progress=bar)
         acc = score(requests, res.answers)
         speed = base.wall_s / res.wall_s
         tokens_ratio = base.tokens_computed / max(1, res.tokens_computed)

@@ -102,16 +102,17 @@ def run_demo(model, requests, gen, configs: dict, *, batch_size: int, progress: 
     plans = {"baseline": (gen, {}), **configs}
     names = list(plans)
     results = {name: RunResult() for name in names}
-    bar = tqdm(total=len(requests) * len(names), desc="demo", unit="req", disable=not progress, file=sys.stderr)
-    for start in range(0, len(requests), batch_size):
-        batch = requests[start: start + batch_size]
-        for name in names:
-            gen_of, kwargs = plans[name]
-            part = run_requests(model, batch, gen_of, batch_size=batch_size, progress=bar, **kwargs)
-            results[name].extend(part)
-        if on_batch is not None:
-            on_batch(len(batch))
-    bar.close()
+    # the bar is closed before an interrupt reaches the command line (its one line comes last)
+    with tqdm(total=len(requests) * len(names), desc="demo", unit="req", disable=not progress,
+              file=sys.stderr) as bar:
+        for start in range(0, len(requests), batch_size):
+            batch = requests[start: start + batch_size]
+            for name in names:
+                gen_of, kwargs = plans[name]
+                part = run_requests(model, batch, gen_of, batch_size=batch_size, progress=bar, **kwargs)
+                results[name].extend(part)
+            if on_batch is not None:
+                on_batch(len(batch))
     return results
 
 
