@@ -47,6 +47,9 @@ def check_checkpoint(path: str | Path) -> dict:
     (``loading.check_config``) and building the model on the meta device (no memory), which
     also checks its special token ids against the vocabulary; errors name the file and field."""
     path = Path(path)
+    if path.is_file():
+        raise ValueError(f"model directory {path} is a file: give the checkpoint's directory (config.json and the "
+                         "weights)")
     if not path.is_dir():
         raise FileNotFoundError(f"model directory {path} does not exist")
     arch = check_config(path)

@@ -12,16 +12,17 @@ from ..calibration.seer import calibrate
 from ..config import check_real
 from ..dyllm import DyLLMConfig
 from ..files import check_output_path, check_plot_path
-from .options import add_calibration_inputs, load_calibration_inputs, positive_int, progress_of
+from .options import add_calibration_inputs, load_calibration_inputs, path_text, positive_int, progress_of
 
 
 def add_parsers(sub) -> None:
     p = sub.add_parser("calibrate", help="choose Seer's probe layer, eps, tau_jump and gamma for a checkpoint")
     add_calibration_inputs(p)
-    p.add_argument("--out", default="seer_config.json",
+    p.add_argument("--out", default="seer_config.json", type=path_text,
                    help="where to write the chosen SeerConfig (JSON accepted by `generate --seer` and the demo)")
     p.add_argument("--lam", type=float, default=0.1, help="lambda of U = accuracy ratio + lambda log(speed-up)")
-    p.add_argument("--plot", default=None, help="write the per-layer step-0 sparsity profiles (PNG) to this path")
+    p.add_argument("--plot", default=None, type=path_text,
+                   help="write the per-layer step-0 sparsity profiles (PNG) to this path")
     p.add_argument("--guard-mode", default="extend", choices=["extend", "redecode"],
                    help="the over-truncation guard written into the choice: extend the window with masks "
                         "(cheaper) or decode the request again on the full window (answers equal the baseline's)")
@@ -34,7 +35,7 @@ def add_parsers(sub) -> None:
 
     p = sub.add_parser("calibrate-dyllm", help="choose DyLLM's tau and attention mode for a checkpoint")
     add_calibration_inputs(p)
-    p.add_argument("--out", default="dyllm_config.json",
+    p.add_argument("--out", default="dyllm_config.json", type=path_text,
                    help="where to write the chosen DyLLMConfig (JSON accepted by `generate --dyllm`)")
     p.add_argument("--max-drop", type=float, default=0.01,
                    help="largest exact-match loss against the baseline a choice may have (0.01 = one point)")

@@ -42,7 +42,7 @@ from ..calibration.seer import plot_profiles, step0_profiles
 from ..config import GenerationConfig
 from ..evaluate import RunResult, boundary_mae, run_requests
 from ..files import check_output_path, check_plot_path, write_json
-from .options import EMBEDDED_WORKLOADS, model_services, positive_int, progress_of
+from .options import EMBEDDED_WORKLOADS, model_services, path_text, positive_int, progress_of
 
 
 def _figures(res: RunResult, base: RunResult | None, window: int, score) -> dict:
@@ -143,9 +143,10 @@ def add_parsers(sub) -> None:
                    help="held-out requests (default: the workload's)")
     p.add_argument("--batch-size", type=positive_int, default=None,
                    help="requests per batch (default: the workload's)")
-    p.add_argument("--json", default=None, help="write the figures as JSON to this path")
-    p.add_argument("--plot", default=None, help="write the step-0 sparsity plot (PNG) to this path")
-    p.add_argument("--model", default=None, help="a model directory the trainer wrote for this workload")
+    p.add_argument("--json", default=None, type=path_text, help="write the figures as JSON to this path")
+    p.add_argument("--plot", default=None, type=path_text, help="write the step-0 sparsity plot (PNG) to this path")
+    p.add_argument("--model", default=None, type=path_text,
+                   help="a model directory the trainer wrote for this workload")
     p.add_argument("--only", nargs="+", default=None, metavar="CONFIG",
                    help="decode only these configurations beside the baseline (names as in the table, e.g. "
                         "seer:eos_prob dyllm); the recommended Seer probe is always decoded")

@@ -21,6 +21,7 @@ from .options import (
     generation_config,
     model_services,
     non_empty_text,
+    path_text,
     policies,
     policy_files,
     progress_of,
@@ -29,9 +30,10 @@ from .options import (
 
 def add_parsers(sub) -> None:
     p = sub.add_parser("generate", help="decode one prompt with a local checkpoint")
-    p.add_argument("--model", required=True, help="a local Hugging Face directory (config.json + safetensors)")
+    p.add_argument("--model", required=True, type=path_text,
+                   help="a local Hugging Face directory (config.json + safetensors)")
     p.add_argument("--prompt", required=True, type=non_empty_text, help="the user's turn (not empty)")
-    p.add_argument("--image", default=None, help="an image file (LaViDa models)")
+    p.add_argument("--image", default=None, type=path_text, help="an image file (LaViDa models)")
     add_model_options(p)
     add_generation_options(p)
     p.set_defaults(func=cmd_generate)

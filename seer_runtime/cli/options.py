@@ -58,6 +58,14 @@ def non_empty_text(text: str) -> str:
     return text
 
 
+def path_text(text: str) -> str:
+    """argparse type: a file or directory path, not empty (``--data ""`` must not fall back to a
+    default silently)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"expected a path, got {text!r}")
+    return text
+
+
 def positive_int(text: str) -> int:
     """argparse type: an int >= 1 (anything else exits with status 2, naming the option)."""
     try:
@@ -84,7 +92,7 @@ def device_name(text: str) -> str:
 def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None, choices=[k for k in DTYPES if k])
     p.add_argument("--device", default="cpu", type=device_name)
-    p.add_argument("--chat-template", default=None,
+    p.add_argument("--chat-template", default=None, type=path_text,
                    help="the prompt template, instead of the checkpoint's own (its chat_template.jinja, or the "
                         "chat_template of its tokenizer_config.json): a jinja2 file, or a family template by name "
                         "(llada, dream, lavida-llada, lavida-dream)")
@@ -122,11 +130,12 @@ def add_generation_options(p: argparse.ArgumentParser, *, with_policies: bool = 
                         "follows the model")
     g.add_argument("--block-cache", default=None, choices=["prefix", "dual"],
                    help="Fast-dLLM's block K/V cache (LLaDA family)")
-    g.add_argument("--gen-json", default=None, help="a JSON file of GenerationConfig fields")
+    g.add_argument("--gen-json", default=None, type=path_text, help="a JSON file of GenerationConfig fields")
     if not with_policies:
         return
-    g.add_argument("--seer", default=None, help="a SeerConfig JSON file (from `seer calibrate`) to cut the window")
-    g.add_argument("--dyllm", default=None,
+    g.add_argument("--seer", default=None, type=path_text,
+                   help="a SeerConfig JSON file (from `seer calibrate`) to cut the window")
+    g.add_argument("--dyllm", default=None, type=path_text,
                    help="a DyLLMConfig JSON file (from `seer calibrate-dyllm`), or 'default' (the paper's "
                         "settings: the family's tau, 4 warm-up steps, prompt every 4th step; partial attention "
                         "corrected for the salient keys' change)")
@@ -169,12 +178,12 @@ def policies(args, model, files: tuple | None = None) -> tuple[SeerConfig | None
 
 def add_calibration_inputs(p: argparse.ArgumentParser) -> None:
     """The options both calibrate commands read their requests with (:func:`load_calibration_inputs`)."""
-    p.add_argument("--model", default=None,
+    p.add_argument("--model", default=None, type=path_text,
                    help="a local checkpoint with its tokenizer.json (default: the embedded model); needs --data")
     p.add_argument("--workload", default=None, choices=EMBEDDED_WORKLOADS,
                    help="without --model: which embedded model and calibration split (default: demo); "
                         "an error with --model")
-    p.add_argument("--data", default=None,
+    p.add_argument("--data", default=None, type=path_text,
                    help="JSONL, one request per line: question, optional image (path relative to the file), "
                         "optional answer (default: the embedded model's calibration split)")
     p.add_argument("--requests", type=positive_int, default=None, help="use only the first N requests of the data")

@@ -151,6 +151,10 @@ BAD_CLI_FILES = [
               "--image was given, but {d} holds a text-only model (llada)"),
     BadOption("seer-file-missing", (*GEN, "--seer", "{d}/none.json"),
               "SeerConfig {d}/none.json cannot be read: No such file or directory"),
+    BadOption("seer-file-empty-string", (*GEN, "--seer", ""), "argument --seer: expected a path, got ''"),
+    BadOption("data-empty-string", ("calibrate", "--data", " "), "argument --data: expected a path, got ' '"),
+    BadOption("model-a-file", ("generate", "--model", "{d}/config.json", "--prompt", "w1"),
+              "model directory {d}/config.json is a file"),
 ]
 
 
