@@ -267,3 +267,20 @@ def test_ctrl_c_ends_with_one_line_and_exit_130(case, ckpt, capsys, monkeypatch)
         assert not path.exists(), path
         assert not path.parent.exists() or not [p for p in path.parent.iterdir() if p.name.startswith(".")], \
             "a temporary file was left behind"
+
+
+@pytest.mark.usefixtures("reference_kernels")
+def test_a_plot_that_fails_after_calibrating_does_not_cost_the_configuration(ckpt, tmp_path, capsys, monkeypatch):
+    import seer_runtime.calibration.seer as calibration
+
+    def disk_full(*args, **kwargs):
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(calibration, "plot_profiles", disk_full)
+    out, plot = tmp_path / "seer.json", tmp_path / "profiles.png"
+    assert main(["calibrate", "--model", str(ckpt), "--data", str(ckpt / "data.jsonl"), "--out", str(out), "--plot",
+                 str(plot), "--gen-length", "8"]) == 1
+    err = capsys.readouterr().err
+    assert f"seer calibrate: error: --plot {plot} not written (OSError: No space left on device); {out} holds the " \
+           "chosen configuration" in err
+    assert json.loads(out.read_text())["calibration"]["requests"] == 1 and not plot.exists()
