@@ -3,8 +3,11 @@
 * :func:`open_image` reads an image file, refusing before it decodes any pixel a file whose
   header claims more than ``PIL.Image.MAX_IMAGE_PIXELS`` pixels (a decompression bomb, or a
   picture far larger than any model's views: downscale it first), and naming the file when it
-  is missing, not an image, or truncated. EXIF orientation is applied, as ``transformers``'
-  ``load_image`` does; a file of several frames (GIF, APNG, TIFF pages) gives its first.
+  is missing, not an image, or truncated (even when ``PIL.ImageFile.LOAD_TRUNCATED_IMAGES`` is
+  set, as lmms-eval sets it on import: the flag is cleared while the file decodes, so that
+  function is not thread-safe against code that sets the flag at the same time). EXIF
+  orientation is applied, as ``transformers``' ``load_image`` does; a file of several frames
+  (GIF, APNG, TIFF pages) gives its first.
 * :func:`to_rgb` converts any mode to 8-bit RGB the way ``transformers``' ``convert_to_rgb``
   does (alpha, including a palette's transparent index, composited over white), and scales
   16-bit pixels (``I;16*``, a 16-bit PNG read as ``I``) to 8 bits instead of clipping them at
@@ -51,13 +54,22 @@ def open_image(path: str | os.PathLike, *, what: str = "image file"):
         raise FileNotFoundError(f"{what} {path} does not exist")
     if path.is_dir():
         raise ValueError(f"{what} {path} is a directory, not an image file")
+    from PIL import ImageFile
+
     limit = Image.MAX_IMAGE_PIXELS
+    lenient = ImageFile.LOAD_TRUNCATED_IMAGES
     try:
         with warnings.catch_warnings():
             # PIL warns above MAX_IMAGE_PIXELS and raises above twice that: both are refused here
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(path) as img:
-                img.load()
+                # a truncated file is an error even where a library (lmms-eval, on import) told PIL to
+                # fill the missing pixels with grey: that image is not the one the user gave
+                ImageFile.LOAD_TRUNCATED_IMAGES = False
+                try:
+                    img.load()
+                finally:
+                    ImageFile.LOAD_TRUNCATED_IMAGES = lenient
                 rgb = to_rgb(_oriented(img), source=f"{what} {path}")
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         found = re.search(r"\((\d+) pixels\)", str(exc))

@@ -390,6 +390,15 @@ def test_images_of_every_mode_are_converted_as_transformers_does(name, make, exp
     assert abs(_value(lavida.preprocess_image(rgb)) - expected) < 0.02, name
 
 
+def test_a_truncated_file_is_refused_even_when_pil_was_told_to_fill_it(tmp_path, monkeypatch):
+    from PIL import ImageFile
+
+    monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", True)  # what importing lmms-eval does
+    with pytest.raises(ValueError, match="cut.png cannot be decoded"):
+        open_image(_truncated(tmp_path))
+    assert ImageFile.LOAD_TRUNCATED_IMAGES is True  # the caller's setting is back
+
+
 def test_exif_orientation_is_applied(tmp_path):
     _rotated_photo(tmp_path / "photo.jpg")
     img = open_image(tmp_path / "photo.jpg")
