@@ -27,6 +27,8 @@ import json
 from datetime import datetime
 from pathlib import Path
 
+from seer_runtime.config import read_json_object, read_text_file
+
 from .lavida import IMAGE_TOKEN_INDEX, LAVIDA_SYSTEM_PROMPT
 
 TEMPLATE_FILE = "chat_template.jinja"
@@ -73,6 +75,10 @@ FAMILY_TEMPLATES = {
 }
 
 
+class TemplateRaised(ValueError):
+    """A template's own ``raise_exception(message)`` (the message names the template)."""
+
+
 def _token_text(value) -> str | None:
     """A special token as ``tokenizer_config.json`` writes it: a string or an AddedToken dict."""
     if isinstance(value, dict):
@@ -95,7 +101,7 @@ class ChatTemplate:
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         def raise_exception(message):
-            raise ValueError(f"chat template ({source}): {message}")
+            raise TemplateRaised(f"chat template ({source}): {message}")
 
         def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
             return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
@@ -114,7 +120,11 @@ class ChatTemplate:
         self.special = dict(special or {})
 
     def render(self, messages: list[dict], *, add_generation_prompt: bool = True) -> str:
-        """The prompt text of ``messages`` (``[{"role": str, "content": str}, ...]``)."""
+        """The prompt text of ``messages`` (``[{"role": str, "content": str}, ...]``).
+
+        Raises ``ValueError`` naming the template's source when rendering fails (an undefined
+        variable, the template's ``raise_exception``, any error inside an expression) or renders
+        nothing but whitespace."""
         import jinja2
 
         if not isinstance(messages, list) or not messages:
@@ -123,17 +133,26 @@ class ChatTemplate:
             if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
                 raise ValueError(f"messages[{i}] must be a dict with string 'role' and 'content', got {m!r}")
         try:
-            return self._compiled.render(messages=messages, add_generation_prompt=add_generation_prompt, tools=None,
+            text = self._compiled.render(messages=messages, add_generation_prompt=add_generation_prompt, tools=None,
                                          documents=None, **self.special)
         except jinja2.UndefinedError as exc:
             raise ValueError(f"chat template from {self.source} uses an undefined variable: {exc.message}; "
                              f"defined special tokens: {sorted(self.special)}") from None
+        except TemplateRaised:  # the template's own raise_exception(...): its message, already named
+            raise
+        except Exception as exc:  # anything jinja or the template's expressions raise (1 / 0, list + int...)
+            raise ValueError(f"chat template from {self.source} failed while rendering: "
+                             f"{type(exc).__name__}: {exc}") from None
+        if not text.strip():
+            raise ValueError(f"chat template from {self.source} rendered an empty prompt (only whitespace) for "
+                             f"{len(messages)} message(s)")
+        return text
 
 
 def _special_tokens(path: Path, tokenizer, tokenizer_config: dict) -> dict[str, str]:
     """``bos_token``... from tokenizer_config.json, else the token strings of config.json's ids."""
     config_file = path / "config.json"
-    config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    config = read_json_object(config_file, "config") if config_file.is_file() else {}
     special = {}
     for name, id_key in SPECIAL_VARIABLES.items():
         text = _token_text(tokenizer_config.get(name))
@@ -153,7 +172,7 @@ def read_chat_template(path: str | Path, tokenizer, *, chat_template: str | Path
     """
     path = Path(path)
     config_file = path / TOKENIZER_CONFIG
-    tokenizer_config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    tokenizer_config = read_json_object(config_file, "tokenizer config") if config_file.is_file() else {}
     special = _special_tokens(path, tokenizer, tokenizer_config)
     if chat_template is not None:
         name = str(chat_template)
@@ -163,9 +182,10 @@ def read_chat_template(path: str | Path, tokenizer, *, chat_template: str | Path
         if not file.is_file():
             raise ValueError(f"chat_template must be a jinja2 file or one of {sorted(FAMILY_TEMPLATES)}, "
                              f"got {name!r} (no such file)")
-        return ChatTemplate(file.read_text(), source=str(file), special=special)
-    if (path / TEMPLATE_FILE).is_file():
-        return ChatTemplate((path / TEMPLATE_FILE).read_text(), source=str(path / TEMPLATE_FILE), special=special)
+        return ChatTemplate(read_text_file(file, "chat template file"), source=str(file), special=special)
+    beside = path / TEMPLATE_FILE
+    if beside.is_file():
+        return ChatTemplate(read_text_file(beside, "chat template file"), source=str(beside), special=special)
     found = tokenizer_config.get("chat_template")
     if isinstance(found, list):  # named templates, as transformers stores several
         named = {t.get("name"): t.get("template") for t in found if isinstance(t, dict)}
@@ -241,11 +261,24 @@ class ChatTokenizer:
         return ids
 
     def encode_prompt(self, question: str, *, with_image: bool = False) -> list[int]:
-        """The chat-templated prompt of one user turn; with an image, -200 marks where its features go."""
+        """The chat-templated prompt of one user turn; with an image, -200 marks where its features go.
+
+        Raises ``ValueError`` for an empty (or whitespace) question, and naming the template's
+        source when its rendering leaves the question out or encodes to no tokens."""
         if not isinstance(question, str):
             raise TypeError(f"question must be a str, got {type(question).__name__}")
+        if not question.strip():
+            raise ValueError(f"question must be a non-empty string, got {question!r}")
         content = IMAGE_MARKER + "\n" + question if with_image and IMAGE_MARKER not in question else question
-        return self.encode(self.apply_chat_template([{"role": "user", "content": content}]))
+        text = self.apply_chat_template([{"role": "user", "content": content}])
+        if question.strip() not in text:  # a template that never reads messages answers nothing asked
+            raise ValueError(f"chat template from {self.template.source} leaves the question out of the prompt it "
+                             f"renders ({text[:80]!r}...): it must render messages[...]['content']")
+        ids = self.encode(text)
+        if not ids:
+            raise ValueError(f"chat template from {self.template.source} renders a prompt that encodes to no tokens "
+                             f"({text[:80]!r})")
+        return ids
 
     def decode(self, ids: list[int], *, skip_special_tokens: bool = True) -> str:
         """Text of ``ids``; image placeholders (negative ids) are dropped."""

@@ -28,6 +28,7 @@ from torch import nn
 from seer_runtime.adapter import IMAGE_TOKEN_INDEX
 
 from .dream import DreamBaseModel, DreamModel
+from .images import request_images, to_rgb
 from .llada import LLaDAModel, LLaDAModelLM
 from .siglip import SigLipVisionTower
 
@@ -75,13 +76,15 @@ def _normalise(img, size: int) -> torch.Tensor:
 
 def process_image(image, *, image_size: int = 384, anyres: bool = True,
                   grid_pinpoints: list[tuple[int, int]] | None = None) -> ImageInput:
-    """A PIL image -> :class:`ImageInput` the way LaViDa's processor prepares it.
+    """A PIL image (any mode, converted by :func:`model_adapters.images.to_rgb`: 16-bit scaled,
+    alpha over white) -> :class:`ImageInput` the way LaViDa's processor prepares it.
 
     anyres: base view (plain resize to ``image_size``) + crops of the image resized and
     zero-padded to the best pinpoint resolution. Otherwise one resized view.
     """
     from PIL import Image
 
+    image = to_rgb(image)
     ow, oh = image.size
     base = _normalise(image, image_size)
     if not anyres:
@@ -163,6 +166,22 @@ class LlavaMixin:
             raise ValueError(f"mm_spatial_pool_mode={self.pool_mode!r}: expected bilinear, average or max")
         if self.merge_type not in ("spatial_unpad", "flat"):
             raise ValueError(f"mm_patch_merge_type={self.merge_type!r}: expected spatial_unpad or flat")
+
+    def preprocess_image(self, image) -> ImageInput:
+        """A PIL image (any mode: :func:`model_adapters.images.to_rgb` converts it) prepared as this
+        model's processor does: ``anyres`` (base view + crops) unless ``image_aspect_ratio`` says
+        otherwise, at the vision tower's size, with the config's grid pinpoints."""
+        cfg = self.config
+        anyres = str(cfg.get("image_aspect_ratio", "anyres")).startswith("anyres")
+        grid = [tuple(p) for p in cfg.get("image_grid_pinpoints", [])] or None
+        return process_image(to_rgb(image), image_size=self.model.vision_tower.image_size, anyres=anyres,
+                             grid_pinpoints=grid)
+
+    def prepare_images(self, images, *, batch: int) -> list | None:
+        """``generate(images=...)`` normalised (``model_adapters.images.request_images``): one entry
+        per request, each None, a path, a PIL image, an :class:`ImageInput` or a list of those;
+        returns one list of :class:`ImageInput` (or None) per request. Errors name ``images[i]``."""
+        return request_images(images, batch, prepare=self.preprocess_image, prepared=ImageInput)
 
     def _pool(self, feats: torch.Tensor) -> torch.Tensor:
         """[views, side*side, D] -> [views, side', side', D] (2x2 pooling of every view)."""

@@ -2,12 +2,15 @@
 
 ``load_model(path)`` reads ``config.json`` plus ``model.safetensors`` or a sharded
 ``model.safetensors.index.json`` from a local directory, picks the architecture from
-``config.json`` (``model_type``, then ``architectures``; never from the folder name) and loads
-the weights strictly: missing keys, unexpected keys and wrong shapes are errors that list the
-offending names. A broken checkpoint is an error naming the file and, where it applies, the
-tensor: unreadable JSON, a truncated or corrupt safetensors file, a shard the index names but
-that is missing or does not hold what the index says, a tensor stored twice, tensors of mixed
-or non-floating dtypes, NaN or inf weights, a missing or corrupt ``tokenizer.json``
+``config.json`` (``model_type``, then ``architectures``; never from the folder name), checks
+the fields that architecture reads before any weight is read (``configs.CONFIG_SCHEMAS``:
+missing, of the wrong type, special token ids outside the vocabulary), and loads the weights
+strictly: missing keys, unexpected keys and wrong shapes are errors that list the offending
+names. A broken checkpoint is an error naming the file and, where it applies, the tensor or
+field: unreadable JSON (not UTF-8, not JSON, a key written twice), a truncated or corrupt
+safetensors file, a shard the index names but that is missing or does not hold what the index
+says, a tensor stored twice, tensors of mixed, non-floating or unsupported dtypes (float8,
+float64 without ``dtype=``), NaN or inf weights, a missing or corrupt ``tokenizer.json``
 (:func:`read_tokenizer`). Nothing here touches the network.
 """
 
@@ -20,6 +23,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from seer_runtime.config import read_json_object
+
+from .configs import check_config_fields
 from .dream import DreamModel
 from .lavida import LlavaDreamForMaskedDiffusion, LlavaLladaForMaskedDiffusion
 from .llada import LLaDAModelLM, MMadaModelLM
@@ -57,23 +63,15 @@ def architecture_of(config: dict) -> str:
 
 
 def read_json(path: Path, what: str) -> dict:
-    """A JSON object from ``path``; ``ValueError`` naming the file when it is not JSON or not an object."""
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"{what} {path} is not a text file ({exc})") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{what} {path} is not valid JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{what} {path} must hold a JSON object, got {type(data).__name__}")
-    return data
+    """A JSON object from ``path``; ``ValueError`` naming the file when it is not UTF-8, not JSON,
+    repeats a key or is not an object (``seer_runtime.config.read_json_object``)."""
+    return read_json_object(path, what)
 
 
-def read_config(config: dict | str | os.PathLike) -> dict:
-    """A config dict as given, or read from a config.json path (or the directory holding one)."""
+def _config_and_source(config: dict | str | os.PathLike) -> tuple[dict, str]:
+    """The config dict and what to call it in messages (the config.json path, or "config")."""
     if isinstance(config, dict):
-        return config
+        return config, "config"
     if not isinstance(config, (str, os.PathLike)):
         raise TypeError(f"config must be a dict or a path, got {type(config).__name__}")
     path = Path(config)
@@ -81,7 +79,30 @@ def read_config(config: dict | str | os.PathLike) -> dict:
         path = path / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"no config.json at {path}")
-    return read_json(path, "config")
+    return read_json(path, "config"), str(path)
+
+
+def read_config(config: dict | str | os.PathLike) -> dict:
+    """A config dict as given, or read from a config.json path (or the directory holding one)."""
+    return _config_and_source(config)[0]
+
+
+def check_config(config: dict | str | os.PathLike) -> str:
+    """Validate a config (a dict, or a config.json path or its directory) without building
+    anything: its architecture (``model_type`` / ``architectures``) and the fields that
+    architecture reads (:func:`model_adapters.configs.check_config_fields`). Returns the
+    architecture key; errors name the file and the fields."""
+    cfg, source = _config_and_source(config)
+    return _checked_architecture(cfg, source)
+
+
+def _checked_architecture(cfg: dict, source: str) -> str:
+    try:
+        arch = architecture_of(cfg)
+    except ValueError as exc:
+        raise ValueError(f"{source}: {exc}") from None
+    check_config_fields(cfg, arch, source=source)
+    return arch
 
 
 def read_tokenizer(path: str | os.PathLike):
@@ -110,15 +131,43 @@ def build_model(config: dict | str | os.PathLike, *, device: str | torch.device 
                 dtype: torch.dtype | None = None) -> nn.Module:
     """Build the architecture ``config`` names (a dict or a config.json path), randomly initialised.
 
-    device="meta" builds without memory (for key/shape checks of the 8B configs).
+    The config is validated first (:func:`check_config`), and the special token ids the model
+    uses (mask, EOS, end-of-turn, pad: the config's, else the family's published ones) must lie
+    inside its vocabulary; errors name the file and the field. device="meta" builds without
+    memory (for key/shape checks of the 8B configs).
     """
-    cfg = read_config(config)
-    cls = ARCHITECTURES[architecture_of(cfg)]
-    with torch.device(device):
-        model = cls(cfg)
+    _check_dtype(dtype)
+    cfg, source = _config_and_source(config)
+    cls = ARCHITECTURES[_checked_architecture(cfg, source)]
+    try:
+        with torch.device(device):
+            model = cls(cfg)
+    except ValueError as exc:  # an option the definition does not implement, named by it
+        raise ValueError(f"{source}: {exc}") from None
+    _check_token_ids(model, cfg, source)
     if dtype is not None:
         model = model.to(dtype)
     return model.eval()
+
+
+#: the special ids the engine indexes the embedding or the logits with
+_ENGINE_TOKEN_IDS = {"mask": "mask_token_id", "eos": "eos_token_id", "eot": "eot_token_id", "pad": "pad_token_id"}
+
+
+def _check_token_ids(model: nn.Module, cfg: dict, source: str) -> None:
+    """Every id the engine uses lies in ``[0, vocab_size)``: an id outside would fail mid-generation
+    (an index error) or never match (an answer that never ends)."""
+    rows = model.vocab_size
+    bad = []
+    for attr, key in _ENGINE_TOKEN_IDS.items():
+        value = getattr(model.token_ids, attr)
+        if not 0 <= value < rows:
+            given = f"{key} is {value}" if cfg.get(key) is not None else \
+                f"{key} is not set, and the family's published id {value} is used"
+            bad.append(given)
+    if bad:
+        raise ValueError(f"{source}: {'; '.join(bad)}, outside the vocabulary of {rows} rows: set the special token "
+                         "ids of this checkpoint in its config.json")
 
 
 def _checkpoint_files(path: Path) -> tuple[list[Path], dict[str, str] | None]:
@@ -197,10 +246,29 @@ def _describe(names: list[str], limit: int = 20) -> str:
     return shown + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")
 
 
+#: the floating dtypes a model may hold (those the kernels and the NaN watch handle)
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
 def _check_dtype(dtype) -> None:
-    if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
+    if dtype is not None and (not isinstance(dtype, torch.dtype) or dtype not in SUPPORTED_DTYPES):
         raise TypeError(f"dtype must be None or a floating torch.dtype (torch.float32, torch.float16, "
                         f"torch.bfloat16), got {dtype!r}")
+
+
+def _check_stored_dtypes(state: dict[str, torch.Tensor], source: dict[str, Path], *, cast: bool) -> None:
+    """Refuse, before anything else reads the values, tensors stored in a floating dtype the
+    loader cannot use: float8 (a quantised checkpoint: its scales are not applied here) always;
+    float64 unless ``dtype=`` casts it. The error names the file, the tensor and the dtype."""
+    allowed = SUPPORTED_DTYPES + ((torch.float64,) if cast else ())
+    bad = sorted(k for k, v in state.items() if v.is_floating_point() and v.dtype not in allowed)
+    if bad:
+        dtypes = sorted({str(state[k].dtype) for k in bad})
+        hint = ("quantised checkpoints are not supported: load the bfloat16 / float16 release"
+                if any(state[k].dtype.itemsize == 1 for k in bad) else "pass dtype= to cast it")
+        raise ValueError(f"tensors stored in an unsupported dtype {dtypes}: "
+                         f"{_describe([f'{source[k].name}: {k} ({state[k].dtype})' for k in bad])}; "
+                         f"{hint} (supported: {[str(d) for d in SUPPORTED_DTYPES]})")
 
 
 def load_model(path: str | os.PathLike, *, dtype: torch.dtype | None = None,
@@ -211,8 +279,10 @@ def load_model(path: str | os.PathLike, *, dtype: torch.dtype | None = None,
     every floating tensor is cast. check_finite: reject weights holding NaN or inf (one
     ``isfinite`` pass per tensor). Raises ``FileNotFoundError`` (no directory, config.json or
     weights; a shard the index names), ``TypeError`` (dtype, device) and ``ValueError`` (unknown
-    architecture; missing, unexpected, duplicated or misplaced keys; wrong shapes; unreadable
-    files; mixed or non-floating dtypes; non-finite weights), each naming the files and tensors.
+    architecture; config.json fields missing or of the wrong type, special ids outside the
+    vocabulary; missing, unexpected, duplicated or misplaced keys; wrong shapes; unreadable
+    files; mixed, non-floating or unsupported (float8; float64 without ``dtype``) dtypes;
+    non-finite weights), each naming the files and fields or tensors.
     """
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a directory path, got {type(path).__name__}")
@@ -227,8 +297,7 @@ def load_model(path: str | os.PathLike, *, dtype: torch.dtype | None = None,
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"model directory {path} does not exist")
-    cfg = read_config(path)
-    model = build_model(cfg, device="meta")
+    model = build_model(path, device="meta")  # config.json validated before any weight is read
     reference = model.state_dict()
     expected = {k: tuple(v.shape) for k, v in reference.items()}
 
@@ -266,6 +335,7 @@ def load_model(path: str | os.PathLike, *, dtype: torch.dtype | None = None,
     if problems:
         raise ValueError(f"checkpoint {path} does not match {type(model).__name__} as config.json describes it: "
                          + "; ".join(problems))
+    _check_stored_dtypes(state, source, cast=dtype is not None)
     _check_weights(state, source, {k: v.dtype for k, v in reference.items()}, cast=dtype is not None,
                    check_finite=check_finite)
     if dtype is not None:

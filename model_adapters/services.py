@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from . import images
 from .chat import ChatTokenizer
 from .configs import tiny_config
-from .lavida import process_image
-from .loading import build_model, load_model
+from .loading import build_model, check_config, load_model
 
 
 def load_tokenizer(path: str | Path, *, chat_template: str | Path | None = None,
@@ -21,24 +21,40 @@ def load_tokenizer(path: str | Path, *, chat_template: str | Path | None = None,
 
 
 def prepare_image(model, image):
-    """A PIL image prepared as the model's processor does (LaViDa: anyres per its config)."""
+    """A PIL image prepared as the model's processor does (LaViDa: anyres per its config; any
+    mode converted to RGB by ``model_adapters.images.to_rgb``)."""
     if not getattr(model, "is_multimodal", False):
         raise ValueError(f"an image was given, but {type(model).__name__} is a text-only model")
-    tower = model.model.vision_tower
-    cfg = model.config
-    anyres = str(cfg.get("image_aspect_ratio", "anyres")).startswith("anyres")
-    grid = [tuple(p) for p in cfg.get("image_grid_pinpoints", [])] or None
-    return process_image(image.convert("RGB"), image_size=tower.image_size, anyres=anyres, grid_pinpoints=grid)
+    return model.preprocess_image(image)
 
 
-def load_image(model, path: str | Path):
+def open_image(path: str | Path, *, what: str = "image file"):
+    """Read and decode an image file as 8-bit RGB, without a model (``model_adapters.images.open_image``:
+    errors name the file; a decompression bomb is refused before decoding)."""
+    return images.open_image(path, what=what)
+
+
+def load_image(model, path: str | Path, *, what: str = "image file"):
     """Read an image file and prepare it as the model's processor does (:func:`prepare_image`)."""
-    from PIL import Image
-
     if not getattr(model, "is_multimodal", False):
-        raise ValueError(f"--image was given, but {type(model).__name__} is a text-only model")
-    with Image.open(path) as img:
-        return prepare_image(model, img)
+        raise ValueError(f"an image ({what} {path}) was given, but {type(model).__name__} is a text-only model")
+    return prepare_image(model, images.open_image(path, what=what))
+
+
+def check_checkpoint(path: str | Path) -> dict:
+    """What a command needs to know of a checkpoint directory before it reads any weight:
+    ``{"architecture": key, "multimodal": bool}``, after validating its config.json
+    (``loading.check_config``) and building the model on the meta device (no memory), which
+    also checks its special token ids against the vocabulary; errors name the file and field."""
+    path = Path(path)
+    if path.is_file():
+        raise ValueError(f"model directory {path} is a file: give the checkpoint's directory (config.json and the "
+                         "weights)")
+    if not path.is_dir():
+        raise FileNotFoundError(f"model directory {path} does not exist")
+    arch = check_config(path)
+    model = build_model(path, device="meta")
+    return {"architecture": arch, "multimodal": bool(getattr(model, "is_multimodal", False))}
 
 
 def tiny_random_model(kind: str = "lavida-llada", *, seed: int = 0):
@@ -67,6 +83,5 @@ def embedded(workload: str = "demo"):
     return serving
 
 
-__all__ = ["EMBEDDED_WORKLOADS", "build_model", "embedded", "load_image", "load_model", "load_tokenizer",
-           "prepare_image",
-           "tiny_random_model"]
+__all__ = ["EMBEDDED_WORKLOADS", "build_model", "check_checkpoint", "embedded", "load_image", "load_model",
+           "load_tokenizer", "open_image", "prepare_image", "tiny_random_model"]

@@ -57,10 +57,11 @@ from tqdm.auto import tqdm
 
 from .config import MAX_SEED, GenerationConfig
 from .evaluate import pad_left
+from .files import atomic_write, check_output_path
 from .generation import check_sequence_length, generate
+from .request_files import RUN_REQUEST, check_line, read_jsonl
 
 #: the keys an input line may hold
-INPUT_KEYS = ("prompt", "image", "options", "id")
 #: the keys of an answer record, in the order they are written (``id`` and ``window`` when present)
 RECORD_KEYS = ("line", "id", "answer", "answer_tokens", "complete", "steps", "tokens_computed", "seed", "window")
 #: how long a rank waits in a collective for the others (seconds) unless told otherwise
@@ -214,58 +215,23 @@ class RunRequest:
     source: str = "request"
 
 
-def parse_request(item, *, index: int, line: int, digest: str, where: str, image_root: Path | None,
-                  check_image_exists: bool = True) -> RunRequest:
-    """A :class:`RunRequest` from one decoded JSON value; errors start with ``where``."""
-    if not isinstance(item, dict):
-        raise ValueError(f"{where}: must be a JSON object, got {type(item).__name__}")
-    unknown = sorted(set(item) - set(INPUT_KEYS))
-    if unknown:
-        hint = " ('question' is 'prompt' here)" if "question" in unknown else ""
-        raise ValueError(f"{where}: unknown keys {unknown}{hint}; a request holds {list(INPUT_KEYS)}")
-    prompt = item.get("prompt")
-    if not isinstance(prompt, str) or not prompt:
-        raise ValueError(f"{where}: needs a 'prompt' string (non-empty), got {prompt!r}")
-    image_key = item.get("image")
-    image = None
-    if image_key is not None:
-        if not isinstance(image_key, str) or not image_key:
-            raise ValueError(f"{where}: 'image' must be a path string, got {image_key!r}")
-        image = Path(image_key)
-        if not image.is_absolute() and image_root is not None:
-            image = image_root / image
-        if check_image_exists and not image.is_file():
-            raise ValueError(f"{where}: image {image} is not a file")
-    options = item.get("options") or {}
-    if not isinstance(options, dict):
-        raise ValueError(f"{where}: 'options' must be an object of GenerationConfig fields, got "
-                         f"{type(options).__name__}")
+def run_request(item: dict, *, index: int, line: int, where: str, folder: Path | None, text: str = "") -> RunRequest:
+    """A :class:`RunRequest` from one request's JSON object, checked against
+    ``request_files.RUN_REQUEST`` (``where`` starts its errors; an image path is relative to
+    ``folder``); ``text``: the line as written (its digest guards a resume)."""
+    values = check_line(item, RUN_REQUEST, where, folder if folder is not None else Path.cwd())
     meta = {"id": item["id"]} if "id" in item else {}
-    return RunRequest(index, line, prompt, image, image_key, dict(options), meta, digest, where)
+    return RunRequest(index, line, values["prompt"], values.get("image"), item.get("image"),
+                      dict(values.get("options") or {}), meta, line_digest(text), where)
 
 
 def read_run_requests(path: str | Path) -> list[RunRequest]:
-    """Every request of the JSONL file ``path`` (module docstring), validated: a bad line is a
-    ``ValueError`` naming the file and line (nothing is decoded before all lines are read)."""
+    """Every request of the JSONL file ``path`` (module docstring), each line checked against
+    ``request_files.RUN_REQUEST`` before anything is decoded: a bad line is a ``ValueError`` naming
+    the file and line."""
     path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"--input {path}: no such file")
-    requests = []
-    with open(path, encoding="utf-8") as f:
-        for number, text in enumerate(f, 1):
-            text = text.rstrip("\n").rstrip("\r")
-            where = f"{path}:{number}"
-            if not text.strip():
-                raise ValueError(f"{where}: an empty line (every line must be one request)")
-            try:
-                item = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{where}: not JSON ({exc})") from None
-            requests.append(parse_request(item, index=len(requests), line=number, digest=line_digest(text),
-                                          where=where, image_root=path.parent))
-    if not requests:
-        raise ValueError(f"--input {path} holds no requests")
-    return requests
+    return [run_request(line.item, index=i, line=line.line, where=f"--input {path}:{line.line}", folder=path.parent,
+                        text=line.text) for i, line in enumerate(read_jsonl(path, RUN_REQUEST, what="--input"))]
 
 
 # ------------------------------------------------------------------------------------- decoding
@@ -536,22 +502,6 @@ class PartWriter:
         self.file.close()
 
 
-def write_atomically(path: Path, lines: Iterator[str]) -> None:
-    """Write ``lines`` (each without its newline) to a temporary file beside ``path``, fsync it and
-    rename it into place: a reader sees the old file or the whole new one."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            for line in lines:
-                f.write(line + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
 def merge_parts(output: Path, requests: Sequence[RunRequest], fingerprint: dict) -> int:
     """Write ``output`` from the part files: one answer per input line, in input order, atomically;
     then remove the parts. Returns how many answers were held twice (identical, written once); a
@@ -566,7 +516,9 @@ def merge_parts(output: Path, requests: Sequence[RunRequest], fingerprint: dict)
         if len({text for text, _ in copies}) > 1:
             raise RuntimeError(f"input line {line} has different answers in {sorted({p for _, p in copies})}")
         duplicates += len(copies) - 1
-    write_atomically(output, (found[r.line][0][0] for r in requests))
+    with atomic_write(output) as f:
+        for r in requests:
+            f.write(found[r.line][0][0] + "\n")
     folder = parts_folder(output)
     for path in folder.glob("rank-*-of-*.jsonl"):
         path.unlink()
@@ -588,26 +540,26 @@ class RunSummary:
 
 
 def check_output(input_path: Path, output: Path, *, overwrite: bool) -> None:
-    """The output path before any work: not the input, its folder exists, not a directory, and not
-    an existing file unless ``overwrite`` (or unfinished parts of it are there to resume)."""
+    """The output path before any work (``files.check_output_path``: a writable file path, its
+    folder made when missing): not the input, and not an existing file unless ``overwrite`` (or
+    unfinished parts of it are there to resume)."""
     if output.resolve() == input_path.resolve():
         raise ValueError(f"--output {output} is the input file")
-    if not output.parent.is_dir():
-        raise ValueError(f"--output {output}: the folder {output.parent} does not exist")
-    if output.is_dir():
-        raise ValueError(f"--output {output} is a directory")
+    check_output_path(output, option="--output")
     if output.exists() and not overwrite and not parts_folder(output).is_dir():
         raise ValueError(f"--output {output} exists: pass --overwrite to replace it")
 
 
 def run_file(decoder: BatchDecoder, input_path: str | Path, output: str | Path, *, ranks: Ranks | None = None,
              requests: Sequence[RunRequest] | None = None, overwrite: bool = False,
-             progress: bool = True) -> RunSummary:
+             progress: bool = True, command=None) -> RunSummary:
     """Decode every request of ``input_path`` not already in the part files of ``output`` (this
     rank's share of them), then, on rank 0, merge the parts into ``output`` (module docstring).
 
     requests: ``read_run_requests(input_path)`` when the caller has read them already (before
         loading the model, so that a bad line is named before long work).
+    command: the command line's progress (``cli.progress.CommandProgress``): what an interrupt
+        says was done and written (this rank's part file, where a run started again resumes).
     Every rank reads and checks every input line, and prepares its share, before any rank decodes:
     a bad line anywhere stops every rank with the same error."""
     ranks = ranks or Ranks()
@@ -636,6 +588,9 @@ def run_file(decoder: BatchDecoder, input_path: str | Path, output: str | Path, 
         print(f"[seer run] {len(requests)} requests in {input_path}; {resumed} answered in earlier parts; "
               f"{len(requests) - resumed} to decode on {ranks.world_size} rank(s)", file=sys.stderr)
     writer = PartWriter(part_path(output, ranks), fingerprint)
+    if command is not None:
+        command.start(len(prepared))
+        command.outputs.append(str(output))
     bar = tqdm(total=len(prepared), desc=f"seer run (rank 0 of {ranks.world_size})" if ranks.world_size > 1
                else "seer run", disable=not (progress and ranks.is_main), file=sys.stderr)
     mine_speed = Speed()
@@ -643,6 +598,10 @@ def run_file(decoder: BatchDecoder, input_path: str | Path, output: str | Path, 
         for batch in decoder.batches(prepared):
             records, speed = decoder.decode_batch(batch)
             writer.write([p.request for p in batch], records)
+            if command is not None:
+                command.advance(len(batch))
+                if str(writer.path) not in command.written:
+                    command.wrote(writer.path)
             for name in ("tokens", "nfe", "requests", "wall_s"):
                 setattr(mine_speed, name, getattr(mine_speed, name) + getattr(speed, name))
             bar.update(len(batch))
@@ -653,6 +612,8 @@ def run_file(decoder: BatchDecoder, input_path: str | Path, output: str | Path, 
     summary = RunSummary(len(requests), resumed, speed, ranks=ranks)
     if ranks.is_main:
         summary.duplicates = merge_parts(output, requests, fingerprint)
+        if command is not None:
+            command.wrote(output)
         twice = f"; {summary.duplicates} answers held twice (identical) written once" if summary.duplicates else ""
         print(f"[seer run] wrote {output}: {len(requests)} answers ({resumed} from earlier parts){twice}; this "
               f"launch decoded {speed.requests}: {speed.tokens} answer tokens, NFE {speed.nfe} (summed over "

@@ -16,6 +16,7 @@ import warnings
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from .files import write_json
 from .schedules import SCHEDULES
 
 LLADA_REMASKING = ("low_confidence", "random", "margin", "entropy")
@@ -86,14 +87,54 @@ def check_bool(name: str, value, *, optional: bool = False) -> None:
         raise TypeError(f"{name} must be {form}, got {type(value).__name__} {value!r}")
 
 
+def _object_without_duplicates(pairs: list[tuple[str, object]]) -> dict:
+    """``json`` object hook: a key written twice is an error (Python's json keeps the last silently)."""
+    data: dict = {}
+    for key, value in pairs:
+        if key in data:
+            raise ValueError(f"the key {key!r} appears twice in one object")
+        data[key] = value
+    return data
+
+
+def parse_json_text(text: str, where: str):
+    """The JSON value in ``text``; ``ValueError`` naming ``where`` (a file, ``file:line``) when it is
+    not JSON or an object repeats a key."""
+    try:
+        return json.loads(text, object_pairs_hook=_object_without_duplicates)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{where} is not valid JSON ({exc})") from None
+    except ValueError as exc:  # a repeated key
+        raise ValueError(f"{where}: {exc}") from None
+
+
+def read_text_file(path: str | Path, what: str) -> str:
+    """The UTF-8 text of the file ``path``. Errors name ``what`` and the file: ``OSError`` (of the
+    same class) when it cannot be read (missing, a directory, no permission), ``ValueError`` when
+    it is not UTF-8 (the first bad byte and its offset; UTF-16 / UTF-32 named by their byte-order
+    mark). A UTF-8 byte-order mark at the start is dropped."""
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise type(exc)(f"{what} {path} cannot be read: {exc.strerror or exc}") from None
+    boms = {b"\xff\xfe\x00\x00": "UTF-32", b"\x00\x00\xfe\xff": "UTF-32", b"\xff\xfe": "UTF-16",
+            b"\xfe\xff": "UTF-16"}
+    for bom, name in boms.items():
+        if raw.startswith(bom):
+            raise ValueError(f"{what} {path} is {name} text, not UTF-8: save it as UTF-8")
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ValueError(f"{what} {path} is not UTF-8 text: byte 0x{raw[exc.start]:02x} at offset {exc.start} "
+                         f"(line {line}); save it as UTF-8") from None
+
+
 def read_json_object(path: str | Path, what: str = "config") -> dict:
-    """The JSON object in the file ``path``: ``ValueError`` naming ``what`` and the file when the
-    file is not JSON or holds something else than an object (``OSError`` when it cannot be opened)."""
-    with open(path) as f:
-        try:
-            data = json.load(f)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ValueError(f"{what} {path} is not valid JSON ({exc})") from None
+    """The JSON object in the file ``path``. Errors name ``what`` and the file: ``ValueError`` when
+    the file is not UTF-8, not JSON, repeats a key in an object or holds something else than an
+    object; ``OSError`` when it cannot be opened (see :func:`read_text_file`)."""
+    data = parse_json_text(read_text_file(path, what), f"{what} {path}")
     if not isinstance(data, dict):
         raise ValueError(f"{what} {path} must hold a JSON object, got {type(data).__name__}")
     return data
@@ -111,12 +152,12 @@ class StoredConfig:
         return type(self)(**{**{f.name: getattr(self, f.name) for f in fields(self)}, **changes})
 
     def to_json(self, path: str | Path, *, calibration: dict | None = None) -> None:
-        """Write the fields, and the ``calibration`` record beside them when given."""
+        """Write the fields, and the ``calibration`` record beside them when given, atomically (a
+        temporary file renamed into place: ``seer_runtime.files.write_json``)."""
         data = self.to_dict()
         if calibration is not None:
             data[CALIBRATION_KEY] = calibration
-        with open(path, "w") as f:
-            json.dump(data, f, indent=2)
+        write_json(path, data)
 
     @classmethod
     def from_dict(cls, data: dict):

@@ -7,7 +7,6 @@ Used by ``seer demo``, the calibrations and the benchmarks. A request is prompt 
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +15,7 @@ import torch
 
 from .config import GenerationConfig
 from .generation import generate
+from .request_files import CALIBRATION_REQUEST, LineSchema, RequestLine, line_errors, read_jsonl
 
 
 @dataclass
@@ -134,26 +134,33 @@ def boundary_mae(predicted: list[int | None], true_end: list[int], window: int) 
     return sum(errs) / len(errs) if errs else float("nan")
 
 
-def read_requests_jsonl(path, *, encode_prompt, encode_answer, load_image, limit: int | None = None) -> list[Request]:
+def read_requests_jsonl(path, *, encode_prompt, encode_answer, load_image, limit: int | None = None,
+                        schema: LineSchema = CALIBRATION_REQUEST, what: str = "--data") -> list[Request]:
     """Requests from a JSONL file: one object per line with ``question`` (str), optional
     ``image`` (a path relative to the file) and optional ``answer`` (the reference; without it
-    the baseline's own answer is the reference). The callables come from the model layer."""
-    path = Path(path)
+    the baseline's own answer is the reference); ``schema`` says which keys a line may hold
+    (``request_files``: every line is checked before any is turned into a request; an unknown
+    key, a wrong type, a missing image file or a non-UTF-8 byte is a ``ValueError`` naming the
+    file and line). The callables come from the model layer; their errors are named by the
+    line too. ``limit``: only the first ``limit`` requests (every line is still checked)."""
+    lines = read_jsonl(path, schema, what=what)
+    return requests_from_lines(lines[:limit] if limit is not None else lines, path, encode_prompt=encode_prompt,
+                               encode_answer=encode_answer, load_image=load_image, what=what)
+
+
+def requests_from_lines(lines: list[RequestLine], path, *, encode_prompt, encode_answer, load_image,
+                        what: str = "--data") -> list[Request]:
+    """:class:`Request` objects from checked lines (``request_files.read_jsonl``): the prompt encoded
+    with ``encode_prompt(question, with_image=...)``, the image read with ``load_image(path)``
+    (or taken as is when it is no path: already read), the answer with ``encode_answer``. Errors
+    name the file and line."""
     requests = []
-    for line_no, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"--data {path}:{line_no}: not JSON ({exc})") from None
-        if not isinstance(item, dict) or not isinstance(item.get("question"), str):
-            raise ValueError(f"--data {path}:{line_no}: needs a 'question' string")
-        image = load_image(path.parent / item["image"]) if item.get("image") else None
-        truth = encode_answer(item["answer"]) if item.get("answer") is not None else None
-        requests.append(Request(encode_prompt(item["question"], with_image=image is not None), image, truth))
-        if limit is not None and len(requests) >= limit:
-            break
-    if not requests:
-        raise ValueError(f"--data {path} holds no requests")
+    for line in lines:
+        item = line.values
+        with line_errors(what, path, line.line):
+            image = item.get("image")
+            if isinstance(image, Path):
+                image = load_image(image)
+            truth = encode_answer(item["answer"]) if "answer" in item else None
+            requests.append(Request(encode_prompt(item["question"], with_image=image is not None), image, truth))
     return requests

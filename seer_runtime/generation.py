@@ -34,8 +34,10 @@ from .serving.routed import RoutedLayouts
 from .serving.router import RouterConfig
 
 
-def validate_request(model, input_ids, attention_mask, images, gen) -> None:
-    """Raise ``TypeError``/``ValueError`` naming the offending argument."""
+def validate_request(model, input_ids, attention_mask, images, gen):
+    """Raise ``TypeError``/``ValueError`` naming the offending argument; returns ``images`` as the
+    model prepares them (its ``prepare_images``: paths and PIL images per request become its
+    image inputs), or as given when the model has no such method."""
     missing = missing_adapter_members(model)
     if missing:
         raise TypeError(f"model does not implement the adapter surface (missing {missing}); "
@@ -46,10 +48,14 @@ def validate_request(model, input_ids, attention_mask, images, gen) -> None:
     if images is not None:
         if not model.is_multimodal:
             raise ValueError(f"images were given, but {type(model).__name__} is a text-only model")
-        if len(images) != input_ids.shape[0]:
+        prepare_images = getattr(model, "prepare_images", None)
+        if prepare_images is not None:  # the model layer reads paths and converts PIL images (by name on error)
+            images = prepare_images(images, batch=input_ids.shape[0])
+        elif len(images) != input_ids.shape[0]:
             raise ValueError(f"images must have one entry per request ({input_ids.shape[0]}), got {len(images)}")
     check_sequence_length(model, input_ids.shape[1], gen, images_counted=images is None)
     check_family_options(gen, DecodingRules.of(model))
+    return images
 
 
 def check_prompt_ids(model, input_ids, attention_mask) -> None:
@@ -242,7 +248,8 @@ def generate(
     input_ids: int64 ``[B, L]``, left-padded prompts (LaViDa: with ``<image>`` placeholders -200;
         MMaDA: image token ids already in the sequence, see ``model_adapters.mmada_mmu_input_ids``).
     attention_mask: ``[B, L]`` of 0/1 (left padding), or None.
-    images: LaViDa only: one entry per request (None, an ``ImageInput`` or a list of them).
+    images: LaViDa only: a list with one entry per request, each None, an image file path, a PIL
+        image, an ``ImageInput``, or a list of those (one per ``<image>`` placeholder, in order).
     gen: the decoding configuration (default ``GenerationConfig()``).
     seer: a ``SeerConfig`` to cut each request's window at step 0 (``seer_runtime.seer``).
     dyllm: a ``DyLLMConfig`` for saliency-gated sparse steps (``seer_runtime.dyllm``).
@@ -282,7 +289,7 @@ def prepare(model, input_ids: torch.Tensor, *, attention_mask: torch.Tensor | No
     with its layout, the commit rule, the policies started. Returns the call's scheduler;
     ``scheduler.run()`` decodes, ``scheduler.release()`` lets the call's graphs and caches go."""
     gen = gen if gen is not None else GenerationConfig()
-    validate_request(model, input_ids, attention_mask, images, gen)
+    images = validate_request(model, input_ids, attention_mask, images, gen)
     if not isinstance(progress, bool):
         raise TypeError(f"progress must be a bool, got {type(progress).__name__}")
     check_request_seeds(request_seeds, input_ids.shape[0], gen)

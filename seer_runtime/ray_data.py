@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .batch_inference import BatchDecoder, Speed, parse_request
+from .batch_inference import BatchDecoder, Speed, run_request
 
 #: the columns a batch gains (``window`` only with Seer)
 RESULT_COLUMNS = ("answer", "answer_tokens", "complete", "steps", "tokens_computed", "seed", "window")
@@ -81,7 +81,7 @@ class SeerPredictor:
             options = {k: v for k, v in options.items() if not _missing(v)}
         if not _missing(options):
             item["options"] = options
-        return parse_request(item, index=r, line=r + 1, digest="", where=f"batch row {r}", image_root=self.image_root)
+        return run_request(item, index=r, line=r + 1, where=f"batch row {r}", folder=self.image_root)
 
     def __call__(self, batch: dict) -> dict:
         """``batch``: a dict of equal-length columns (numpy arrays, as ``batch_format="numpy"`` gives

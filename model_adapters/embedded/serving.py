@@ -57,8 +57,10 @@ def calibration_requests(data: str | Path | None = None, n: int | None = None, m
 
     data: a JSONL file with one object per line: ``question`` (str), optional ``image`` (a path,
     relative to the file) and optional ``answer`` (the reference answer; without it the
-    baseline's own answer is the reference). None: ``n`` (default 128) generated requests from a
-    seed disjoint from training and from the demo's held-out split.
+    baseline's own answer is the reference); every line is checked first, and any other key is
+    an error naming the file and line (``seer_runtime.request_files.CALIBRATION_REQUEST``). None:
+    ``n`` (default 128) generated requests from a seed disjoint from training and from the
+    demo's held-out split.
     """
 
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
@@ -67,16 +69,14 @@ def calibration_requests(data: str | Path | None = None, n: int | None = None, m
     if data is None:
         tasks = make_requests(128 if n is None else n, "heldout", seed=CALIBRATION_SEED)
         return to_requests(tasks, tokenizer), demo_generation_config()
-    from PIL import Image
-
+    from model_adapters.images import open_image
     from model_adapters.lavida import process_image
     from seer_runtime.evaluate import read_requests_jsonl
 
     from .tasks import IMAGE_SIZE
 
     def load_image(path):
-        with Image.open(path) as img:
-            return process_image(img.convert("RGB"), image_size=IMAGE_SIZE, anyres=False)
+        return process_image(open_image(path), image_size=IMAGE_SIZE, anyres=False)
 
     requests = read_requests_jsonl(data, encode_prompt=tokenizer.chat_prompt, encode_answer=tokenizer.encode,
                                    load_image=load_image, limit=n)

@@ -104,9 +104,8 @@ def calibrate_dyllm(model, requests: list[Request], gen: GenerationConfig, *, ma
     configs = list(dict.fromkeys([default] + [default.replace(tau=t, **mode)
                                               for mode in ATTENTION_MODES.values() for t in grid]))
 
-    bar = tqdm(total=len(requests), desc="baseline", disable=not progress, file=sys.stderr)
-    base = run_requests(model, requests, gen, batch_size=batch_size, progress=bar)
-    bar.close()
+    with tqdm(total=len(requests), desc="baseline", disable=not progress, file=sys.stderr) as bar:
+        base = run_requests(model, requests, gen, batch_size=batch_size, progress=bar)
     # a request without a reference is scored against the baseline's answer (on copies)
     requests = [r if r.truth_ids is not None else replace(r, truth_ids=list(a))
                 for r, a in zip(requests, base.answers)]
@@ -117,9 +116,8 @@ def calibrate_dyllm(model, requests: list[Request], gen: GenerationConfig, *, ma
     candidates = []
     for cfg in configs:
         mode = cfg.attention_mode
-        bar = tqdm(total=len(requests), desc=f"tau {cfg.tau} {mode}", disable=not progress, file=sys.stderr)
-        res = run_requests(model, requests, gen, batch_size=batch_size, dyllm=cfg, progress=bar)
-        bar.close()
+        with tqdm(total=len(requests), desc=f"tau {cfg.tau} {mode}", disable=not progress, file=sys.stderr) as bar:
+            res = run_requests(model, requests, gen, batch_size=batch_size, dyllm=cfg, progress=bar)
         fed = sum(sum(r["fed"] for r in d["steps"] if r["mode"] != "full") for d in res.dyllm) * model.num_layers
         computed = sum(sum(sum(r["ffn_computed"]) for r in d["steps"] if r["mode"] != "full") for d in res.dyllm)
         cand = {"config": cfg, "accuracy": score(requests, res.answers),

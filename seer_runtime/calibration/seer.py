@@ -28,6 +28,7 @@ import math
 import sys
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 
@@ -37,6 +38,7 @@ from ..adapter import Taps
 from ..batch import BatchState
 from ..config import GenerationConfig, check_int, check_real
 from ..evaluate import Request, pad_left, run_requests
+from ..files import atomic_write
 from ..generation import first_forward
 from ..plans import DecodingRules, dream_plan, llada_plan
 from ..policy import LayerHook, Policy
@@ -213,6 +215,9 @@ def calibrate(model, requests: list[Request], gen: GenerationConfig, *, lam: flo
     score: ``(requests, answers) -> accuracy`` against the requests' ``truth_ids`` (default
     :func:`exact_match`; a workload scored by its final answer passes its own).
 
+    plot: a path for the step-0 sparsity figure (:func:`plot_profiles`); when it cannot be
+    written the result still comes back, with ``plot_error`` saying why.
+
     Returns a dict with ``config`` (the choice), the clarity table, the simulated and verified
     candidates and the baseline figures.
     """
@@ -234,9 +239,8 @@ def calibrate(model, requests: list[Request], gen: GenerationConfig, *, lam: flo
     W = gen.gen_length
     rules = DecodingRules.of(model)
     t0 = time.perf_counter()
-    bar = tqdm(total=len(requests), desc="baseline", disable=not progress, file=sys.stderr)
-    base = run_requests(model, requests, gen, batch_size=batch_size, progress=bar)
-    bar.close()
+    with tqdm(total=len(requests), desc="baseline", disable=not progress, file=sys.stderr) as bar:
+        base = run_requests(model, requests, gen, batch_size=batch_size, progress=bar)
     true_end = [e if e >= 0 else W for e in base.end_positions]
     score = score or exact_match
     base_acc = score(requests, base.answers)
@@ -323,9 +327,8 @@ def calibrate(model, requests: list[Request], gen: GenerationConfig, *, lam: flo
     verified = []
     for s in to_verify:
         c = replace(s["config"], guard_mode=guard_mode)
-        bar = tqdm(total=len(requests), desc=f"verify {c.probe}", disable=not progress, file=sys.stderr)
-        res = run_requests(model, requests, gen, seer=c, batch_size=batch_size, progress=bar)
-        bar.close()
+        with tqdm(total=len(requests), desc=f"verify {c.probe}", disable=not progress, file=sys.stderr) as bar:
+            res = run_requests(model, requests, gen, seer=c, batch_size=batch_size, progress=bar)
         acc = score(requests, res.answers)
         speed = base.wall_s / res.wall_s
         tokens_ratio = base.tokens_computed / max(1, res.tokens_computed)
@@ -342,9 +345,15 @@ def calibrate(model, requests: list[Request], gen: GenerationConfig, *, lam: flo
     best = verified[0]
     log(f"chosen: {best['config']} (accuracy ratio {best['accuracy_ratio']:.3f}, "
         f"measured x{best['measured_speedup']:.2f}, tokens x{best['tokens_ratio']:.2f})")
-    if plot:
-        plot_profiles(prof, true_end, best["config"], plot, window=W)
+    plot_error = None
+    if plot:  # the figure must not cost the choice: a failure is returned (and said), not raised
+        try:
+            plot_profiles(prof, true_end, best["config"], plot, window=W)
+        except (OSError, ValueError, ImportError, RuntimeError) as exc:
+            plot_error = f"{type(exc).__name__}: {exc}"
+            log(f"the plot {plot} was not written: {plot_error}")
     return {
+        **({"plot_error": plot_error} if plot_error else {}),
         "config": best["config"],
         "lambda": lam,
         "requests": len(requests),
@@ -360,7 +369,8 @@ def calibrate(model, requests: list[Request], gen: GenerationConfig, *, lam: flo
 
 def plot_profiles(prof: Profiles, true_end: list[int], cfg: SeerConfig, path: str, *, window: int,
                   requests: int = 4) -> None:
-    """Step-0 sparsity per layer for a few requests, the detected boundary and the true end marked."""
+    """Step-0 sparsity per layer for a few requests, the detected boundary and the true end marked;
+    written atomically to ``path`` in the format its suffix names (png when it has none)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -385,5 +395,8 @@ def plot_profiles(prof: Profiles, true_end: list[int], cfg: SeerConfig, path: st
     axes[0].set_ylabel(f"step-0 MLP sparsity (|a| < {prof.factors[e]} x RMS)")
     axes[-1].legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        with atomic_write(path, "wb") as f:  # a figure interrupted while written leaves no partial file
+            fig.savefig(f, dpi=110, format=Path(path).suffix.lstrip(".").lower() or "png")
+    finally:
+        plt.close(fig)

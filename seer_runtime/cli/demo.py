@@ -32,18 +32,17 @@ Seer probes under ``probes``, the other configurations under ``methods``.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 
 from ..calibration.seer import plot_profiles, step0_profiles
 from ..config import GenerationConfig
 from ..evaluate import RunResult, boundary_mae, run_requests
-from .options import EMBEDDED_WORKLOADS, model_services, positive_int
+from ..files import check_output_path, check_plot_path, write_json
+from .options import EMBEDDED_WORKLOADS, model_services, path_text, positive_int, progress_of
 
 
 def _figures(res: RunResult, base: RunResult | None, window: int, score) -> dict:
@@ -93,22 +92,27 @@ def _figures(res: RunResult, base: RunResult | None, window: int, score) -> dict
     return out
 
 
-def run_demo(model, requests, gen, configs: dict, *, batch_size: int, progress: bool = True) -> dict:
+def run_demo(model, requests, gen, configs: dict, *, batch_size: int, progress: bool = True,
+             on_batch=None) -> dict:
     """Decode ``requests`` with the baseline (``gen``) and every configuration, interleaved per
-    batch. ``configs``: name -> ``(GenerationConfig, generate's keyword arguments)``."""
+    batch. ``configs``: name -> ``(GenerationConfig, generate's keyword arguments)``;
+    ``on_batch(n)``: called when the ``n`` requests of a batch are decoded by every configuration."""
     from tqdm.auto import tqdm
 
     plans = {"baseline": (gen, {}), **configs}
     names = list(plans)
     results = {name: RunResult() for name in names}
-    bar = tqdm(total=len(requests) * len(names), desc="demo", unit="req", disable=not progress, file=sys.stderr)
-    for start in range(0, len(requests), batch_size):
-        batch = requests[start: start + batch_size]
-        for name in names:
-            gen_of, kwargs = plans[name]
-            part = run_requests(model, batch, gen_of, batch_size=batch_size, progress=bar, **kwargs)
-            results[name].extend(part)
-    bar.close()
+    # the bar is closed before an interrupt reaches the command line (its one line comes last)
+    with tqdm(total=len(requests) * len(names), desc="demo", unit="req", disable=not progress,
+              file=sys.stderr) as bar:
+        for start in range(0, len(requests), batch_size):
+            batch = requests[start: start + batch_size]
+            for name in names:
+                gen_of, kwargs = plans[name]
+                part = run_requests(model, batch, gen_of, batch_size=batch_size, progress=bar, **kwargs)
+                results[name].extend(part)
+            if on_batch is not None:
+                on_batch(len(batch))
     return results
 
 
@@ -139,9 +143,10 @@ def add_parsers(sub) -> None:
                    help="held-out requests (default: the workload's)")
     p.add_argument("--batch-size", type=positive_int, default=None,
                    help="requests per batch (default: the workload's)")
-    p.add_argument("--json", default=None, help="write the figures as JSON to this path")
-    p.add_argument("--plot", default=None, help="write the step-0 sparsity plot (PNG) to this path")
-    p.add_argument("--model", default=None, help="a model directory the trainer wrote for this workload")
+    p.add_argument("--json", default=None, type=path_text, help="write the figures as JSON to this path")
+    p.add_argument("--plot", default=None, type=path_text, help="write the step-0 sparsity plot (PNG) to this path")
+    p.add_argument("--model", default=None, type=path_text,
+                   help="a model directory the trainer wrote for this workload")
     p.add_argument("--only", nargs="+", default=None, metavar="CONFIG",
                    help="decode only these configurations beside the baseline (names as in the table, e.g. "
                         "seer:eos_prob dyllm); the recommended Seer probe is always decoded")
@@ -150,18 +155,37 @@ def add_parsers(sub) -> None:
     p.set_defaults(func=main)
 
 
+#: where the step-0 sparsity figure goes without --plot
+DEFAULT_PLOT = "out/seer_demo_sparsity.png"
+
+
+def _check_outputs(args, progress) -> str | None:
+    """--json and --plot checked before the model loads (parents created, or refused by name);
+    returns the plot path to write (the default one only when matplotlib is installed), or None."""
+    if args.json:
+        args.json = check_output_path(args.json, option="--json")
+        progress.outputs.append(str(args.json))
+    if args.plot:
+        plot = check_plot_path(args.plot, option="--plot")
+    else:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print("matplotlib is not installed: no plot (pip install -e '.[plot]')", file=sys.stderr)
+            return None
+        plot = check_plot_path(DEFAULT_PLOT, option="the default plot path")
+    progress.outputs.append(str(plot))
+    return str(plot)
+
+
+
 def main(args) -> int:
     GenerationConfig(threshold=args.threshold)  # --threshold checked before the model loads
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    progress = progress_of(args)
     svc = model_services()
     emb = svc.embedded(args.workload)
-    t0 = time.perf_counter()
-    model, tokenizer = emb.load_embedded(path=args.model) if args.model else emb.load_embedded()
-    n = args.requests or emb.DEMO_REQUESTS
-    bs = args.batch_size or emb.DEMO_BATCH
-    requests, _tasks = emb.demo_requests(n, tokenizer)
-    gen = emb.demo_generation_config()
     default = emb.default_seer_config()
+    gen = emb.demo_generation_config()
     dyllm = emb.default_dyllm_config()
     fast = gen.replace(threshold=args.threshold, steps=None)
     configs = {
@@ -173,15 +197,25 @@ def main(args) -> int:
         "seer+threshold+dyllm": (fast, {"seer": default, "dyllm": dyllm}),
     }
     recommended = f"seer:{default.probe}"
-    if args.only is not None:
+    if args.only is not None:  # before the model loads
         unknown = sorted(set(args.only) - set(configs))
         if unknown:
-            raise SystemExit(f"--only: unknown configuration(s) {unknown}; choose among {sorted(configs)}")
+            raise ValueError(f"--only: unknown configuration(s) {unknown}; choose among {sorted(configs)}")
+    plot = _check_outputs(args, progress)
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    t0 = time.perf_counter()
+    progress.stage = "loading the model"
+    model, tokenizer = emb.load_embedded(path=args.model) if args.model else emb.load_embedded()
+    n = args.requests or emb.DEMO_REQUESTS
+    bs = args.batch_size or emb.DEMO_BATCH
+    requests, _tasks = emb.demo_requests(n, tokenizer)
+    if args.only is not None:
         configs = {name: plan for name, plan in configs.items() if name in args.only or name == recommended}
     params = sum(p.numel() for p in model.parameters())
     print(f"embedded {args.workload} model: {emb.DESCRIPTION} ({params:,} parameters), {n} held-out requests, "
           f"batch {bs}, window {gen.gen_length}, {torch.get_num_threads()} threads", file=sys.stderr)
-    results = run_demo(model, requests, gen, configs, batch_size=bs)
+    progress.start(len(requests))
+    results = run_demo(model, requests, gen, configs, batch_size=bs, on_batch=progress.advance)
     base = results["baseline"]
 
     def score(answers):
@@ -194,15 +228,6 @@ def main(args) -> int:
     print(f"\nrecommended: {recommended} ({default}); speed-up x{rec['speedup']:.2f} measured vs "
           f"x{rec['ideal_speedup']:.2f} ideal (tokens computed); exact match {rec['exact_match']:.3f} vs baseline "
           f"{figures['baseline']['exact_match']:.3f}")
-    plot = args.plot or "out/seer_demo_sparsity.png"
-    Path(plot).parent.mkdir(parents=True, exist_ok=True)
-    try:
-        prof = step0_profiles(model, requests[:16], gen, layers=list(range(1, min(model.num_layers, 7))))
-        true_end = [e if e >= 0 else gen.gen_length for e in base.end_positions[:16]]
-        plot_profiles(prof, true_end, replace(default, probe="sparsity"), plot, window=gen.gen_length)
-        print(f"step-0 sparsity profiles: {plot}")
-    except ImportError:
-        print("matplotlib is not installed: no plot (pip install -e '.[plot]')", file=sys.stderr)
     payload = {
         "workload": args.workload,
         "requests": n,
@@ -223,8 +248,14 @@ def main(args) -> int:
         "threshold": args.threshold,
         "seconds": time.perf_counter() - t0,
     }
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(payload, f, indent=2)
+    if args.json:  # the figures first: the plot below decodes again and must not cost them
+        write_json(args.json, payload)
+        progress.wrote(args.json)
         print(f"figures: {args.json}")
+    if plot is not None:
+        prof = step0_profiles(model, requests[:16], gen, layers=list(range(1, min(model.num_layers, 7))))
+        true_end = [e if e >= 0 else gen.gen_length for e in base.end_positions[:16]]
+        plot_profiles(prof, true_end, replace(default, probe="sparsity"), plot, window=gen.gen_length)
+        progress.wrote(plot)
+        print(f"step-0 sparsity profiles: {plot}")
     return 0

@@ -21,8 +21,10 @@ import torch
 
 from ..config import GenerationConfig, read_json_object
 from ..dyllm import DyLLMConfig
-from ..evaluate import read_requests_jsonl
+from ..evaluate import requests_from_lines
+from ..request_files import CALIBRATION_REQUEST, TEXT_CALIBRATION_REQUEST, read_jsonl
 from ..seer import SeerConfig
+from .progress import CommandProgress
 
 #: the embedded models ``--workload`` names (the model layer's ``embedded(workload)`` serves each)
 EMBEDDED_WORKLOADS = ("demo", "arith")
@@ -40,6 +42,28 @@ def model_services():
         raise RuntimeError("no 'seer.models' entry point is installed: run `pip install -e .` in the repository")
     chosen = next((e for e in found if e.name == "default"), found[0])
     return chosen.load()
+
+
+def progress_of(args) -> CommandProgress:
+    """The command's :class:`~.progress.CommandProgress` (``main`` sets one; made here otherwise)."""
+    if getattr(args, "progress", None) is None:
+        args.progress = CommandProgress()
+    return args.progress
+
+
+def non_empty_text(text: str) -> str:
+    """argparse type: a string that is not empty or only whitespace (a prompt)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"must not be empty or only whitespace, got {text!r}")
+    return text
+
+
+def path_text(text: str) -> str:
+    """argparse type: a file or directory path, not empty (``--data ""`` must not fall back to a
+    default silently)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"expected a path, got {text!r}")
+    return text
 
 
 def positive_int(text: str) -> int:
@@ -68,7 +92,7 @@ def device_name(text: str) -> str:
 def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None, choices=[k for k in DTYPES if k])
     p.add_argument("--device", default="cpu", type=device_name)
-    p.add_argument("--chat-template", default=None,
+    p.add_argument("--chat-template", default=None, type=path_text,
                    help="the prompt template, instead of the checkpoint's own (its chat_template.jinja, or the "
                         "chat_template of its tokenizer_config.json): a jinja2 file, or a family template by name "
                         "(llada, dream, lavida-llada, lavida-dream)")
@@ -106,11 +130,12 @@ def add_generation_options(p: argparse.ArgumentParser, *, with_policies: bool = 
                         "follows the model")
     g.add_argument("--block-cache", default=None, choices=["prefix", "dual"],
                    help="Fast-dLLM's block K/V cache (LLaDA family)")
-    g.add_argument("--gen-json", default=None, help="a JSON file of GenerationConfig fields")
+    g.add_argument("--gen-json", default=None, type=path_text, help="a JSON file of GenerationConfig fields")
     if not with_policies:
         return
-    g.add_argument("--seer", default=None, help="a SeerConfig JSON file (from `seer calibrate`) to cut the window")
-    g.add_argument("--dyllm", default=None,
+    g.add_argument("--seer", default=None, type=path_text,
+                   help="a SeerConfig JSON file (from `seer calibrate`) to cut the window")
+    g.add_argument("--dyllm", default=None, type=path_text,
                    help="a DyLLMConfig JSON file (from `seer calibrate-dyllm`), or 'default' (the paper's "
                         "settings: the family's tau, 4 warm-up steps, prompt every 4th step; partial attention "
                         "corrected for the salient keys' change)")
@@ -132,22 +157,33 @@ def generation_config(args, checkpoint: str | Path | None = None) -> GenerationC
     return GenerationConfig.from_dict(fields)
 
 
-def policies(args, model) -> tuple[SeerConfig | None, DyLLMConfig | None]:
-    """The Seer and DyLLM configurations named by ``--seer`` / ``--dyllm``."""
+def policy_files(args) -> tuple[SeerConfig | None, DyLLMConfig | str | None]:
+    """The Seer and DyLLM configurations the files of ``--seer`` / ``--dyllm`` hold, read before
+    any model is loaded (``--dyllm default`` stays the string "default": it needs the model)."""
     seer = SeerConfig.from_json(args.seer) if getattr(args, "seer", None) else None
-    dyllm = None
-    if getattr(args, "dyllm", None):
-        dyllm = DyLLMConfig.for_model(model) if args.dyllm == "default" else DyLLMConfig.from_json(args.dyllm)
+    dyllm = getattr(args, "dyllm", None) or None
+    if dyllm is not None and dyllm != "default":
+        dyllm = DyLLMConfig.from_json(dyllm)
+    return seer, dyllm
+
+
+def policies(args, model, files: tuple | None = None) -> tuple[SeerConfig | None, DyLLMConfig | None]:
+    """The Seer and DyLLM configurations named by ``--seer`` / ``--dyllm`` (``files``: what
+    :func:`policy_files` read before the model was loaded)."""
+    seer, dyllm = files if files is not None else policy_files(args)
+    if dyllm == "default":
+        dyllm = DyLLMConfig.for_model(model)
     return seer, dyllm
 
 
 def add_calibration_inputs(p: argparse.ArgumentParser) -> None:
     """The options both calibrate commands read their requests with (:func:`load_calibration_inputs`)."""
-    p.add_argument("--model", default=None,
+    p.add_argument("--model", default=None, type=path_text,
                    help="a local checkpoint with its tokenizer.json (default: the embedded model); needs --data")
-    p.add_argument("--workload", default="demo", choices=EMBEDDED_WORKLOADS,
-                   help="without --model: which embedded model and calibration split (default: the demo model)")
-    p.add_argument("--data", default=None,
+    p.add_argument("--workload", default=None, choices=EMBEDDED_WORKLOADS,
+                   help="without --model: which embedded model and calibration split (default: demo); "
+                        "an error with --model")
+    p.add_argument("--data", default=None, type=path_text,
                    help="JSONL, one request per line: question, optional image (path relative to the file), "
                         "optional answer (default: the embedded model's calibration split)")
     p.add_argument("--requests", type=positive_int, default=None, help="use only the first N requests of the data")
@@ -159,21 +195,38 @@ def load_calibration_inputs(args):
     """(model, requests, generation config, score) from the calibrate commands' options:
     ``--model`` with ``--data`` (a real checkpoint, its tokenizer and generation options; score
     None: exact match), or the embedded model ``--workload`` names with its calibration split (or
-    ``--data``) and its own score (``answer_figures``: the final answer on ``arith``)."""
+    ``--data``) and its own score (``answer_figures``: the final answer on ``arith``).
+
+    Everything that can be checked without the model is checked first: the options that do not
+    apply (``--workload`` with ``--model``, ``--chat-template`` without it), the checkpoint's
+    config.json, its template, every line of ``--data`` (``request_files``) with its prompt,
+    answer and image file; only then is the model loaded."""
     svc = model_services()
+    progress = progress_of(args)
     if args.model:  # a real checkpoint: its own tokenizer, image processor and generation options
+        if args.workload is not None:
+            raise ValueError(f"--workload {args.workload} picks an embedded model; it does not apply with --model "
+                             f"{args.model} (drop one of them)")
         if not args.data:
             raise ValueError("--model needs --data (a JSONL of requests: question, optional image and answer)")
+        checkpoint = svc.check_checkpoint(args.model)
         tok = svc.load_tokenizer(args.model, chat_template=args.chat_template)
         gen = generation_config(args, args.model)
+        schema = CALIBRATION_REQUEST if checkpoint["multimodal"] else TEXT_CALIBRATION_REQUEST
+        lines = read_jsonl(args.data, schema, what="--data")[: args.requests]
+        requests = requests_from_lines(lines, args.data, encode_prompt=tok.encode_prompt, encode_answer=tok.encode,
+                                       load_image=lambda path: svc.open_image(path, what="image file"))
+        progress.stage = "loading the model"
         model = svc.load_model(args.model, dtype=DTYPES[args.dtype], device=args.device)
-        requests = read_requests_jsonl(args.data, encode_prompt=tok.encode_prompt, encode_answer=tok.encode,
-                                       limit=args.requests, load_image=lambda p: svc.load_image(model, p))
+        for request in requests:
+            if request.image is not None:
+                request.image = svc.prepare_image(model, request.image)
         return model, requests, gen, None
     if args.chat_template:
         raise ValueError("--chat-template needs --model (the embedded model's prompts use its own template)")
-    emb = svc.embedded(args.workload)
-    model, tokenizer = emb.load_embedded()
-    requests, _ = emb.calibration_requests(args.data, n=args.requests, model=model)
+    emb = svc.embedded(args.workload or "demo")
     gen = generation_config(args, emb.MODEL_DIR)  # the model's decoding defaults, the options given over them
+    requests, _ = emb.calibration_requests(args.data, n=args.requests)
+    progress.stage = "loading the model"
+    model, tokenizer = emb.load_embedded(dtype=DTYPES[args.dtype], device=args.device)
     return model, requests, gen, lambda reqs, answers: emb.answer_figures(reqs, answers, tokenizer)["exact_match"]

@@ -58,7 +58,7 @@ def add_parsers(sub) -> None:
                         "end (a run started again on the same output resumes from them)")
     p.add_argument("--batch-size", type=positive_int, default=16, help="requests per generate call (default 16)")
     p.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
-    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    p.add_argument("--no-progress", dest="progress_bar", action="store_false", help="no progress bar")
     p.add_argument("--dist-timeout", type=positive_seconds, default=DEFAULT_DIST_TIMEOUT_S,
                    help="seconds a rank waits for the others in a collective before failing (default "
                         f"{DEFAULT_DIST_TIMEOUT_S:.0f}; the last one waits for the slowest rank's share)")
@@ -87,5 +87,5 @@ def cmd_run(args: argparse.Namespace) -> int:
                                 chat_template=args.chat_template, dtype=args.dtype, device=device,
                                 batch_size=args.batch_size)
     run_file(decoder, Path(args.input), Path(args.output), ranks=ranks, requests=requests, overwrite=args.overwrite,
-             progress=args.progress)
+             progress=args.progress_bar, command=args.progress)
     return 0

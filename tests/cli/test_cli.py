@@ -111,7 +111,7 @@ def test_calibrate_a_checkpoint_from_jsonl(tmp_path, capsys):
     assert rc == 0
     data.write_text("{\"prompt\": \"w1\"}\n")
     rc = main(["calibrate", "--model", str(ckpt), "--data", str(data), "--out", str(out)])
-    assert rc == 2 and "needs a 'question' string" in capsys.readouterr().err
+    assert rc == 2 and "requests.jsonl:1: unknown key 'prompt'" in capsys.readouterr().err
     rc = main(["calibrate", "--model", str(ckpt), "--out", str(out)])
     assert rc == 2 and "--model needs --data" in capsys.readouterr().err
 

@@ -46,5 +46,11 @@ def test_only_decodes_the_named_configurations_and_the_recommended_probe(tmp_pat
                  "--json", str(out), "--plot", str(tmp_path / "profiles.png")]) == 0
     fig = json.loads(out.read_text())
     assert set(fig["probes"]) == {"eos_prob"} and set(fig["methods"]) == {"dyllm"}
-    with pytest.raises(SystemExit, match="--only: unknown configuration"):
-        main(["demo", "--workload", "arith", "--requests", "2", "--only", "seer:nonsense"])
+
+def test_an_unknown_only_name_is_refused_before_the_model_loads(capsys, monkeypatch):
+    import model_adapters.embedded.arith.serving as arith
+    from seer_runtime.cli import main
+
+    monkeypatch.setattr(arith, "load_embedded", lambda *a, **k: pytest.fail("the model must not be loaded"))
+    assert main(["demo", "--workload", "arith", "--requests", "2", "--only", "seer:nonsense"]) == 2
+    assert "seer demo: error: --only: unknown configuration(s) ['seer:nonsense']" in capsys.readouterr().err

@@ -51,14 +51,14 @@ def run(checkpoint, inp, out, *extra) -> int:
                  "--no-progress", *GEN, *extra])
 
 
-@pytest.mark.parametrize("line,message", [
-    ("not json", r"in\.jsonl:2: not JSON"),
-    ("", r"in\.jsonl:2: an empty line"),
-    ('{"question": "w1"}', r"in\.jsonl:2: unknown keys \['question'\] \('question' is 'prompt' here\)"),
-    ('{"prompt": ""}', r"in\.jsonl:2: needs a 'prompt' string"),
+@pytest.mark.parametrize("line,message", [  # the request-file schema (seer_runtime.request_files.RUN_REQUEST)
+    ("not json", r"in\.jsonl:2 is not valid JSON"),
+    ('{"question": "w1"}', r"in\.jsonl:2: key 'question' is not accepted here: 'question' is 'prompt'"),
+    ('{"prompt": "w1", "answr": 1}', r"in\.jsonl:2: unknown key 'answr'"),
+    ('{"prompt": ""}', r"in\.jsonl:2: 'prompt' must not be empty"),
     ('{"prompt": "w1", "options": [1]}', r"in\.jsonl:2: 'options' must be an object"),
-    ('{"prompt": "w1", "image": "absent.png"}', r"in\.jsonl:2: image .*absent\.png is not a file"),
-    ("[1, 2]", r"in\.jsonl:2: must be a JSON object, got list"),
+    ('{"prompt": "w1", "image": "absent.png"}', r"in\.jsonl:2: 'image' names 'absent\.png', which does not exist"),
+    ("[1, 2]", r"in\.jsonl:2: a line must be a JSON object .*, got list"),
 ])
 def test_a_bad_line_is_named_before_the_model_is_loaded(tmp_path, capsys, line, message):
     import re
@@ -74,7 +74,7 @@ def test_bad_options_and_images_are_named_before_decoding(tmp_path, checkpoint, 
 
     monkeypatch.setattr(bi, "generate", lambda *a, **k: pytest.fail("decoded before every line was checked"))
     (tmp_path / "p.png").write_bytes(b"")
-    cases = [({"prompt": "w1", "options": {"gen_lenght": 8}}, "unknown GenerationConfig fields: ['gen_lenght']"),
+    cases = [({"prompt": "w1", "options": {"gen_lenght": 8}}, "unknown GenerationConfig fields ['gen_lenght']"),
              ({"prompt": "w1", "options": {"rng": "global"}}, "rng='global' is not supported"),
              ({"prompt": "w1", "image": "p.png"}, "an image was given, but LLaDA"),
              ({"prompt": " ".join(["w1"] * 5000)}, "more than the model's max_sequence_length")]
@@ -111,7 +111,8 @@ def test_answers_come_in_input_order_with_their_statistics(tmp_path, checkpoint,
     # the output exists: refused without --overwrite
     assert run(checkpoint, inp, out) == 2 and "exists: pass --overwrite" in capsys.readouterr().err
     assert run(checkpoint, inp, inp) == 2 and "is the input file" in capsys.readouterr().err
-    assert run(checkpoint, inp, tmp_path / "no" / "o.jsonl") == 2 and "does not exist" in capsys.readouterr().err
+    under_a_file = tmp_path / "one.out" / "o.jsonl"  # a folder cannot be made there (seer_runtime.files)
+    assert run(checkpoint, inp, under_a_file) == 2 and f"--output {under_a_file}" in capsys.readouterr().err
 
 
 def test_an_interrupted_run_resumes_to_the_same_bytes(tmp_path, checkpoint, capsys, monkeypatch):
@@ -129,8 +130,10 @@ def test_an_interrupted_run_resumes_to_the_same_bytes(tmp_path, checkpoint, caps
         return real(self, batch)
 
     monkeypatch.setattr(bi.BatchDecoder, "decode_batch", dies_on_the_second_batch)
-    with pytest.raises(KeyboardInterrupt):
-        run(checkpoint, inp, out)
+    capsys.readouterr()
+    assert run(checkpoint, inp, out) == 130  # Ctrl-C: one line, what was done and where it is
+    err = capsys.readouterr().err
+    assert "interrupted after 2 of 5 requests; wrote" in err and "rank-00000-of-00001.jsonl" in err, err
     monkeypatch.undo()
     part = parts_folder(out) / "rank-00000-of-00001.jsonl"
     assert part.read_text().count("\n") == 1 + 2 and not out.exists()  # the header, the first batch's answers

@@ -327,7 +327,7 @@ def test_calibration_jsonl_round_trips(tmp_path):
         if a.image is not None:  # PNG is lossless: the pixels survive the round trip
             assert torch.equal(a.image.pixel_values, b.image.pixel_values)
     (tmp_path / "bad.jsonl").write_text("[1, 2]\n")
-    with pytest.raises(ValueError, match="needs a 'question' string"):
+    with pytest.raises(ValueError, match=r"bad.jsonl:1: a line must be a JSON object"):
         calibration_requests(tmp_path / "bad.jsonl")
     for bad in (0, -3, 2.5):  # --requests 0 used to mean the default 128
         with pytest.raises(ValueError, match="requests must be an int >= 1"):

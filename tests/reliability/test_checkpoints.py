@@ -1,5 +1,6 @@
 """Broken checkpoints: each a clear error naming the file and, where it applies, the tensor
-(issue 20). A tiny LLaDA is saved whole and sharded, then damaged one way per case."""
+(issue 20), or the config.json field, the stored dtype and the JSON file (issue 36:
+``BROKEN_CONFIGS``). A tiny LLaDA is saved whole and sharded, then damaged one way per case."""
 
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ from safetensors.torch import load_file, save_file
 import model_adapters as ma
 from model_adapters.chat import ChatTokenizer
 from model_adapters.loading import read_tokenizer
+from seer_runtime.cli.options import checkpoint_generation_fields
+from seer_runtime.dyllm import DyLLMConfig
+from seer_runtime.seer import SeerConfig
 
 pytestmark = pytest.mark.reliability
 
@@ -156,12 +160,122 @@ BROKEN = [
 ]
 
 
-@pytest.mark.parametrize("case", BROKEN, ids=lambda c: c.id)
+def _config(change: Callable[[dict], None]):
+    return lambda d: edit_json(d / "config.json", change)
+
+
+def _write_config(config: dict):
+    return lambda d: (d / "config.json").write_text(json.dumps(config))
+
+
+def _all_tensors(dtype):
+    return lambda d: edit_tensors(d / "model.safetensors", lambda s: s.update({k: v.to(dtype) for k, v in s.items()}))
+
+
+def _lavida(**over):
+    return ma.tiny_config("lavida-llada", **over)
+
+
+CONFIG = r"single/config\.json"
+INVALID = CONFIG + r" does not describe a valid llada model: "
+#: config.json fields, special ids and stored dtypes (issue 36): refused before any weight is read
+#: (the dtypes: before any value is), naming the file and the field or tensor
+BROKEN_CONFIGS = [
+    Broken("field-missing", "single", _config(lambda c: c.pop("d_model")), ValueError, INVALID + "d_model is missing"),
+    Broken("field-null", "single", _config(lambda c: c.update(n_layers=None)), ValueError,
+           INVALID + r"n_layers is missing \(null\)"),
+    Broken("int-as-string", "single", _config(lambda c: c.update(d_model="64")), ValueError,
+           INVALID + "d_model must be an int, got str '64'"),
+    Broken("int-as-word", "single", _config(lambda c: c.update(d_model="sixty-four")), ValueError,
+           INVALID + "d_model must be an int, got str 'sixty-four'"),
+    Broken("int-as-bool", "single", _config(lambda c: c.update(n_heads=True)), ValueError,
+           INVALID + "n_heads must be an int, got bool True"),
+    Broken("int-as-float", "single", _config(lambda c: c.update(n_layers=3.0)), ValueError,
+           INVALID + "n_layers must be an int, got float 3.0"),
+    Broken("heads-zero", "single", _config(lambda c: c.update(n_heads=0)), ValueError,
+           INVALID + "n_heads must be >= 1, got 0"),
+    Broken("bool-as-string", "single", _config(lambda c: c.update(weight_tying="false")), ValueError,
+           INVALID + "weight_tying must be true or false, got str 'false'"),
+    Broken("number-nan", "single", lambda d: (d / "config.json").write_text(
+        (d / "config.json").read_text().replace('"rope_theta": 10000.0', '"rope_theta": NaN')), ValueError,
+        INVALID + "rope_theta must be a finite number, got float nan"),
+    Broken("several-fields-at-once", "single", _config(lambda c: c.update(d_model=None, n_heads="4")), ValueError,
+           INVALID + r"d_model is missing \(null\); n_heads must be an int, got str .4."),
+    Broken("mask-id-absent", "single", _config(lambda c: c.pop("mask_token_id")), ValueError,
+           CONFIG + r": mask_token_id is not set, and the family's published id 126336 is used, outside the "
+                    r"vocabulary of 256 rows"),
+    Broken("eos-id-outside-vocab", "single", _config(lambda c: c.update(eos_token_id=9999)), ValueError,
+           CONFIG + r": eos_token_id is 9999, outside the vocabulary of 256 rows"),
+    Broken("pad-id-negative", "single", _config(lambda c: c.update(pad_token_id=-1)), ValueError,
+           INVALID + "pad_token_id must be >= 0, got -1"),
+    Broken("eos-id-a-list", "single", _config(lambda c: c.update(eos_token_id=[251, 252])), ValueError,
+           INVALID + r"eos_token_id must be an int, got list \[251, 252\]"),
+    Broken("unknown-architecture", "single", _config(lambda c: c.update(model_type="gpt2", architectures=["GPT2"])),
+           ValueError, CONFIG + r": unknown architecture: model_type='gpt2'"),
+    Broken("unsupported-option", "single", _config(lambda c: c.update(block_type="sequential")), ValueError,
+           CONFIG + r": unsupported LLaDA config options: block_type='sequential'"),
+    Broken("dream-field-missing", "single", _write_config({**ma.tiny_config("dream-v0-instruct-7b"),
+                                                           "hidden_size": None}), ValueError,
+           CONFIG + r" does not describe a valid dream model: hidden_size is missing \(null\)"),
+    Broken("vision-config-a-list", "single", _write_config(_lavida(vision_config=[1, 2])), ValueError,
+           CONFIG + r" does not describe a valid llava_llada model: vision_config must be an object, got list"),
+    Broken("vision-field-a-string", "single", _write_config(_lavida(vision_config={"patch_size": "8"})), ValueError,
+           r"llava_llada model: vision_config.patch_size must be an int, got str '8'"),
+    Broken("grid-pinpoints-flat", "single", _write_config(_lavida(image_grid_pinpoints=[32, 64])), ValueError,
+           r"llava_llada model: image_grid_pinpoints must be a non-empty list of \[width, height\] pairs"),
+    Broken("repeated-key", "single", lambda d: (d / "config.json").write_text(
+        (d / "config.json").read_text()[:-1] + ', "d_model": 32}'), ValueError,
+        r"config .*single/config\.json: the key 'd_model' appears twice in one object"),
+    Broken("config-not-utf8", "single", lambda d: (d / "config.json").write_bytes(
+        (d / "config.json").read_bytes()[:-1] + b', "note": "caf\xe9"}'), ValueError,
+        r"config .*single/config\.json is not UTF-8 text: byte 0xe9"),
+    Broken("config-utf16", "single", lambda d: (d / "config.json").write_bytes(
+        (d / "config.json").read_text().encode("utf-16")), ValueError, r"config .*config\.json is UTF-16 text"),
+    Broken("weights-float8", "single", _all_tensors(torch.float8_e4m3fn), ValueError,
+           r"unsupported dtype \['torch.float8_e4m3fn'\]: model.safetensors: model.transformer.* "
+           r"\(torch.float8_e4m3fn\).*quantised checkpoints are not supported"),
+    Broken("shard-float8-e5m2", "sharded", lambda d: edit_tensors(d / SECOND_SHARD, lambda s: s.update(
+        {k: v.to(torch.float8_e5m2) for k, v in s.items()})), ValueError,
+        rf"unsupported dtype \['torch.float8_e5m2'\]: {SECOND_SHARD}: "),
+    Broken("weights-float64", "single", _all_tensors(torch.float64), ValueError,
+           r"unsupported dtype \['torch.float64'\]: .*pass dtype= to cast it"),
+    Broken("tokenizer-config-not-json", "single", lambda d: (d / "tokenizer_config.json").write_text("{chat"),
+           ValueError, r"tokenizer config .*single/tokenizer_config\.json is not valid JSON",
+           load=ChatTokenizer.from_pretrained),
+    Broken("generation-defaults-repeated-key", "single", lambda d: (d / "seer_generation_config.json").write_text(
+        '{"gen_length": 8, "gen_length": 16}'), ValueError,
+        r"seer_generation_config\.json: the key 'gen_length' appears twice", load=checkpoint_generation_fields),
+    Broken("seer-config-utf16", "single", lambda d: (d / "seer.json").write_bytes('{"gamma": 0.5}'.encode("utf-16")),
+           ValueError, r"SeerConfig .*single/seer\.json is UTF-16 text",
+           load=lambda d: SeerConfig.from_json(d / "seer.json")),
+    Broken("dyllm-config-missing", "single", lambda d: None, FileNotFoundError,
+           r"DyLLMConfig .*single/dyllm\.json cannot be read: No such file or directory",
+           load=lambda d: DyLLMConfig.from_json(d / "dyllm.json")),
+]
+
+
+@pytest.mark.parametrize("case", BROKEN + BROKEN_CONFIGS, ids=lambda c: c.id)
 def test_broken_checkpoint_names_the_file_and_tensor(case: Broken, saved, tmp_path):
     d = copy(saved, case.which, tmp_path)
     case.damage(d)
     with pytest.raises(case.error, match=case.names):
         case.load(d)
+
+
+def test_configs_are_checked_before_any_weight_is_read(saved, tmp_path, monkeypatch):
+    import model_adapters.loading as loading
+
+    d = copy(saved, "single", tmp_path)
+    edit_json(d / "config.json", lambda c: c.pop("mask_token_id"))
+    monkeypatch.setattr(loading, "_read_safetensors", lambda f: pytest.fail(f"{f} read before config.json was checked"))
+    with pytest.raises(ValueError, match="mask_token_id is not set"):
+        ma.load_model(d)
+
+
+def test_float64_weights_load_when_cast(saved, tmp_path):
+    d = copy(saved, "single", tmp_path)
+    _all_tensors(torch.float64)(d)
+    assert {p.dtype for p in ma.load_model(d, dtype=torch.float32).parameters()} == {torch.float32}
 
 
 def test_intact_checkpoints_still_load(saved):
@@ -187,12 +301,16 @@ def test_mixed_dtypes_load_when_cast_and_non_finite_when_asked(saved, tmp_path):
 @pytest.mark.parametrize("call,error,names", [
     (lambda p: ma.load_model(p, dtype=torch.int8), TypeError, "dtype must be None or a floating torch.dtype"),
     (lambda p: ma.load_model(p, dtype="bfloat16"), TypeError, "dtype must be None or a floating torch.dtype"),
+    (lambda p: ma.load_model(p, dtype=torch.float8_e4m3fn), TypeError, "dtype must be None or a floating torch.dtype"),
+    (lambda p: ma.build_model(ma.tiny_config("llada-8b-instruct"), dtype=torch.float64), TypeError,
+     "dtype must be None or a floating torch.dtype"),
     (lambda p: ma.load_model(p, device="gpu0"), TypeError, "device must be a torch.device or a device string"),
     (lambda p: ma.load_model(p, check_finite="yes"), TypeError, "check_finite must be a bool"),
     (lambda p: ma.load_model(p / "absent"), FileNotFoundError, "model directory .*absent does not exist"),
     (lambda p: ma.load_model(3), TypeError, "path must be a directory path"),
     (lambda p: ma.build_model(["llada"]), TypeError, "config must be a dict or a path"),
-], ids=["dtype-int8", "dtype-str", "device-bogus", "check_finite-str", "path-missing", "path-int", "config-list"])
+], ids=["dtype-int8", "dtype-str", "dtype-float8", "build-dtype-float64", "device-bogus", "check_finite-str",
+        "path-missing", "path-int", "config-list"])
 def test_bad_load_arguments(saved, call, error, names):
     with pytest.raises(error, match=names):
         call(saved["single"])

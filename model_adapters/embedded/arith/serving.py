@@ -62,7 +62,8 @@ def demo_requests(n: int, tokenizer=None):
 def calibration_requests(data: str | Path | None = None, n: int | None = None, model=None, tokenizer=None):
     """(requests, generation config) for ``seer calibrate --workload arith``.
 
-    data: a JSONL file (``question``, optional ``answer``) or None: ``n`` (default 128) generated
+    data: a JSONL file (``question``, optional ``answer``; any other key, ``image`` included, is an
+    error naming the file and line) or None: ``n`` (default 128) generated
     requests from a seed disjoint from training and the demo's split, without reference answers
     (the baseline's own answers are the reference: a wording is not wrong, only different).
     """
@@ -73,12 +74,14 @@ def calibration_requests(data: str | Path | None = None, n: int | None = None, m
         tasks = make_requests(128 if n is None else n, "heldout", seed=CALIBRATION_SEED)
         return to_requests(tasks, tokenizer, with_answers=False), demo_generation_config()
     from seer_runtime.evaluate import read_requests_jsonl
+    from seer_runtime.request_files import TEXT_CALIBRATION_REQUEST
 
-    def no_image(path):
+    def no_image(path):  # never called: the schema refuses an "image" key, naming the line
         raise ValueError(f"the arith workload is text only: --data names an image ({path})")
 
     requests = read_requests_jsonl(data, encode_prompt=lambda q, with_image=False: tokenizer.chat_prompt(q),
-                                   encode_answer=tokenizer.encode, load_image=no_image, limit=n)
+                                   encode_answer=tokenizer.encode, load_image=no_image, limit=n,
+                                   schema=TEXT_CALIBRATION_REQUEST)
     return requests, demo_generation_config()
 
 
