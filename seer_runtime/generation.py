@@ -18,12 +18,13 @@ from collections.abc import Sequence
 import torch
 
 from .adapter import missing_adapter_members
-from .batch import BatchState, GenerationOutput, first_end_positions
+from .batch import BatchState, GenerationOutput, GenerationStats, first_end_positions
 from .block_cache import BlockCacheLayouts
 from .commit import rule_for
 from .config import MAX_SEED, GenerationConfig, warn_caller
 from .dyllm import DyLLMConfig, DyLLMPolicy
 from .graphs import Graphs, resolve_backend
+from .memory import ModelDims, RequestShape, plan_micro_batches
 from .plans import DecodingRules, steps_per_block
 from .policy import Policy
 from .profiling import prange
@@ -265,6 +266,12 @@ def generate(
     progress: a progress bar over the denoising steps.
     """
     t0 = time.perf_counter()
+    sizes = micro_batches(model, input_ids, gen if gen is not None else GenerationConfig(), seer=seer, dyllm=dyllm,
+                          router=router)
+    if len(sizes) > 1:  # the prompt cache of the whole batch would not fit: decode it in parts that do
+        return _in_micro_batches(sizes, model, input_ids, attention_mask=attention_mask, images=images, gen=gen,
+                                 seer=seer, dyllm=dyllm, router=router, graphs=graphs, policies=policies,
+                                 request_seeds=request_seeds, progress=progress)
     with prange("generate"):
         scheduler = prepare(model, input_ids, attention_mask=attention_mask, images=images, gen=gen, seer=seer,
                             dyllm=dyllm, router=router, graphs=graphs, policies=policies,
@@ -317,6 +324,79 @@ def prepare(model, input_ids: torch.Tensor, *, attention_mask: torch.Tensor | No
         state.release()
         raise
     return scheduler
+
+
+def device_free_bytes(device: torch.device) -> int | None:
+    """Bytes free on ``device`` (CUDA: ``torch.cuda.mem_get_info``); None elsewhere (no split)."""
+    if device.type != "cuda":
+        return None
+    return int(torch.cuda.mem_get_info(device)[0])
+
+
+def micro_batches(model, input_ids: torch.Tensor, gen: GenerationConfig, *, seer=None, dyllm=None,
+                  router=None) -> list[int]:
+    """The micro-batch sizes a call with a prefix cache decodes in, so that its planned memory
+    (``memory.memory_plan``: the prompt cache, the forwards, the caches of its layout) fits what the
+    device has free (``device_free_bytes``, less 10%); one micro-batch (the whole batch) without a
+    prefix cache, off CUDA, or when it fits. Raises ``memory.DoesNotFitError`` naming the sizes
+    when one request alone does not fit. Image features are counted as one prompt position each
+    here (a lower bound: LaViDa's real prompt is checked again once embedded)."""
+    if not (isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 and isinstance(gen, GenerationConfig)):
+        return [1]  # not a request batch: generate's validation names what is wrong
+    batch = input_ids.shape[0]
+    prefix_cache = gen.prefix_cache if gen.prefix_cache is not None else bool(getattr(model, "is_multimodal", False))
+    free = device_free_bytes(input_ids.device) if prefix_cache else None
+    if free is None or batch <= 1:
+        return [batch]
+    layout = "router" if router is not None else ("pad_to_longest" if seer is not None else "vanilla")
+    shape = RequestShape(batch, input_ids.shape[1], gen.gen_length, dtype=model.dtype, prefix_cache=True,
+                         layout=layout, dyllm=dyllm is not None, block_cache=gen.block_cache,
+                         block_length=gen.block_length, cfg=gen.cfg_scale > 0)
+    sizes, _ = plan_micro_batches(free, ModelDims.from_model(model), shape, reserve=0.1)
+    return sizes
+
+
+def _in_micro_batches(sizes: list[int], model, input_ids: torch.Tensor, *, attention_mask, images, gen,
+                      request_seeds, **kwargs) -> GenerationOutput:
+    """``generate`` over consecutive parts of the batch of ``sizes`` requests each, merged: the same
+    sequences as one call (each request decodes alone in a batch; with ``rng="per_request"`` each part
+    keeps its requests' own seeds), statistics added (per-request lists in order, counts summed)."""
+    gen = gen if gen is not None else GenerationConfig()
+    if request_seeds is None and gen.rng == "per_request":
+        base = 0 if gen.seed is None else gen.seed
+        request_seeds = [base + b for b in range(input_ids.shape[0])]
+    outs, start = [], 0
+    for n in sizes:
+        part = slice(start, start + n)
+        outs.append(generate(model, input_ids[part], attention_mask=None if attention_mask is None
+                             else attention_mask[part], images=None if images is None else images[part], gen=gen,
+                             request_seeds=None if request_seeds is None else request_seeds[part], **kwargs))
+        start += n
+    stats = GenerationStats(nfe=sum(o.stats.nfe for o in outs),
+                            tokens_computed=sum(o.stats.tokens_computed for o in outs),
+                            tokens_computed_per_request=[n for o in outs for n in o.stats.tokens_computed_per_request],
+                            steps=[n for o in outs for n in o.stats.steps],
+                            extra=_merged([o.stats.extra for o in outs], sizes))
+    for o in outs:
+        for phase, seconds in o.stats.time_s.items():
+            stats.add_time(phase, seconds)
+    stats.extra["micro_batches"] = list(sizes)
+    return GenerationOutput(torch.cat([o.sequences for o in outs]), torch.cat([o.responses for o in outs]),
+                            torch.cat([o.end_positions for o in outs]), stats, outs[0].end_ids)
+
+
+def _merged(parts: list, sizes: list[int]):
+    """Micro-batches' reports as one: dicts key by key, per-request lists (one entry per request of
+    each part) joined in order, ints added, anything else kept where equal and listed per part
+    where not."""
+    first = parts[0]
+    if all(isinstance(p, dict) for p in parts):
+        return {k: _merged([p.get(k) for p in parts], sizes) for k in first}
+    if all(isinstance(p, list) and len(p) == n for p, n in zip(parts, sizes)):
+        return [x for p in parts for x in p]
+    if all(isinstance(p, int) and not isinstance(p, bool) for p in parts):
+        return sum(parts)
+    return first if all(p == first for p in parts) else list(parts)
 
 
 @torch.no_grad()

@@ -217,3 +217,29 @@ def test_plan_matches_what_generate_holds(tiny_llada, case, reference_kernels, r
     if peak_comparable:
         planned = plan.request_bytes - plan.resident["graph_pool"]
         assert peak <= planned <= 2 * peak, (peak, plan.describe())
+
+
+def test_a_prefix_cache_that_would_not_fit_decodes_in_micro_batches(monkeypatch):
+    """With less device memory free than the whole batch's plan needs, generate decodes parts that
+    fit and returns what one call returns: the same tokens, per-request statistics in order; with
+    less than one request needs, a clear error naming the sizes before anything runs."""
+    from seer_runtime import GenerationConfig as Gen
+    from seer_runtime.memory import DoesNotFitError
+
+    from ..tiny_models import tiny
+
+    model = tiny("lavida-llada")  # the prefix cache is on by default
+    ids = torch.randint(0, 200, (5, 6), generator=torch.Generator().manual_seed(3))
+    gen = Gen(gen_length=16, steps=16, block_length=8, tie_break="stable")
+    whole = generate(model, ids, gen=gen, graphs=None)
+    dims = ModelDims.from_model(model)
+    need = memory_plan(dims, RequestShape(2, 6, 16, dtype=model.dtype, layout="vanilla")).request_bytes
+    monkeypatch.setattr(generation, "device_free_bytes", lambda device: int(need / 0.9) + 1)
+    parts = generate(model, ids, gen=gen, graphs=None)
+    assert parts.stats.extra["micro_batches"] == [2, 2, 1]
+    assert torch.equal(parts.sequences, whole.sequences)
+    assert parts.stats.steps == whole.stats.steps and parts.stats.nfe == 3 * whole.stats.nfe  # each part: all steps
+    assert parts.stats.tokens_computed_per_request == whole.stats.tokens_computed_per_request
+    monkeypatch.setattr(generation, "device_free_bytes", lambda device: 1024)
+    with pytest.raises(DoesNotFitError, match=r"one request \(prompt 6 positions, window 16"):
+        generate(model, ids, gen=gen, graphs=None)
