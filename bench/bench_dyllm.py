@@ -89,7 +89,7 @@ def test_dyllm_vs_baseline_cpu(benchmark, mid_model, cpu_threads):
 
     med = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
     base = outs["baseline"]
-    base_tokens = base.stats.tokens_computed  # positions fed x layers (no padding here)
+    base_tokens = base.stats.positions_computed  # positions fed x layers (no padding here)
     answer_tokens = batch * window
     lines = [
         f"\nDyLLM vs baseline, random-weight LLaDA d_model 1024 x 4 layers, V 32000, B={batch}, prompt {prompt}, "
@@ -106,7 +106,7 @@ def test_dyllm_vs_baseline_cpu(benchmark, mid_model, cpu_threads):
             tokens, salient, ideal_layers, ideal_head = base_tokens, 1.0, 1.0, 1.0
         else:
             st = out.stats.extra["dyllm"]
-            tokens, salient = st["tokens_computed"], st["salient_fraction"]
+            tokens, salient = st["positions_computed"], st["salient_fraction"]
             ideal_layers = 1.0 / st["ideal_flop_ratio"]
             dense = sum(r["dense_macs"] for r in st["steps"])
             sparse = sum(r["macs"] for r in st["steps"])

@@ -104,7 +104,7 @@ def measure(mode: str, batch: int, threads: int) -> dict:
         "weights_mib": round(weights / 2**20, 2), "prompt_len": prompt_len,
         "prefix_kv_mib": round(prefix_kv / 2**20, 1),
         "logits_mib": round(batch * gen.gen_length * model.vocab_size * 4 / 2**20, 2),
-        "tokens_computed": out.stats.tokens_computed,
+        "positions_computed": out.stats.positions_computed,
         "paths": "/".join(sorted(out.stats.extra.get("router", {}))),
     }
     if buckets:

@@ -60,7 +60,7 @@ def test_serving_modes(benchmark, serving_model):
                     out = generate(serving_model, ids, gen=gen, graphs=None, **kw)
                 st = out.stats
                 decode = st.time_s["total"] - st.time_s.get("prefill", 0.0) - st.time_s.get("embed", 0.0)
-                rows.append((batch, name, decode, sum(lengths) / decode, st.tokens_computed,
+                rows.append((batch, name, decode, sum(lengths) / decode, st.positions_computed,
                              st.extra.get("router", {})))
 
     benchmark.pedantic(run, rounds=1, iterations=1, warmup_rounds=0)

@@ -361,7 +361,7 @@ class Timed:
     steady_ms: float | None = None
     graphs: dict = field(default_factory=dict)
     compiles: int | None = 0
-    tokens_computed: int = 0
+    positions_computed: int = 0
     nfe: int = 0
     extra: dict = field(default_factory=dict)
 
@@ -427,7 +427,7 @@ def time_row(model, row: Row, s: Setting, *, micro_batches: list[int], seconds_l
                     steady.append(events.steady_ms())
                 for k, v in (out.stats.extra.get("graphs") or events.counters).items():
                     timed.graphs[k] = timed.graphs.get(k, 0) + v
-                timed.tokens_computed, timed.nfe = out.stats.tokens_computed, out.stats.nfe
+                timed.positions_computed, timed.nfe = out.stats.positions_computed, out.stats.nfe
                 timed.extra = out.stats.extra
             timed.calls_ms.append(total)
     timed.compiles = compiles.count
@@ -439,11 +439,11 @@ def _ideal(row: Row, timed: Timed, base: Timed | None) -> float | None:
     """The ideal speed-up over the base row: tokens computed, and DyLLM's layer-FLOP ratio."""
     if base is None:
         return None
-    ideal = base.tokens_computed / max(1, timed.tokens_computed)
+    ideal = base.positions_computed / max(1, timed.positions_computed)
     dy = timed.extra.get("dyllm") if isinstance(timed.extra, dict) else None
     if dy and dy.get("ideal_flop_ratio"):
-        dense = dy.get("tokens_computed_dense") or timed.tokens_computed
-        ideal = base.tokens_computed / max(1, dense) / dy["ideal_flop_ratio"]
+        dense = dy.get("positions_computed_dense") or timed.positions_computed
+        ideal = base.positions_computed / max(1, dense) / dy["ideal_flop_ratio"]
     return ideal
 
 
@@ -485,7 +485,7 @@ def result_row(row: Row, timed: Timed | str, base: Timed | None, est: dict) -> d
     r = make_row(check, timed.median_ms, ", ".join(note) + (f"; {marks(timed)}" if marks(timed) else ""),
                  ok=False if failed else None)
     r.update(steady_ms=timed.steady_ms, calls_ms=timed.calls_ms, graphs=timed.graphs, compiles=timed.compiles,
-             tokens_computed=timed.tokens_computed)
+             positions_computed=timed.positions_computed)
     return r
 
 

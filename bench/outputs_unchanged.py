@@ -71,16 +71,23 @@ def fixed_cut(keep_len: list[int]) -> dict:
 def summary(out) -> dict:
     """What must not change: sequences and the statistics a refactor leaves alone."""
     st = out.stats
-    rec = {"sequences": out.sequences.tolist(), "nfe": st.nfe, "tokens_computed": st.tokens_computed,
-           "tokens_computed_per_request": list(st.tokens_computed_per_request), "steps": list(st.steps)}
+    # the work figures as the records name them (positions x layers: tokens_computed before issue 37's
+    # rename; the dense figure is the one a layout charges, DyLLM's reused rows included)
+    dense = getattr(st, "positions_computed_dense", None)
+    rec = {"sequences": out.sequences.tolist(), "nfe": st.nfe,
+           "tokens_computed": dense if dense is not None else st.tokens_computed,
+           "tokens_computed_per_request": list(getattr(st, "positions_computed_per_request", None)
+                                               or st.tokens_computed_per_request), "steps": list(st.steps)}
     seer = st.extra.get("seer")
     if seer is not None:
         rec["seer"] = {k: seer[k] for k in ("keep_len", "boundary", "final_window", "guard_events",
                                             "premature_cuts", "tightened")}
     dy = st.extra.get("dyllm")
     if dy is not None:
-        rec["dyllm"] = {k: dy[k] for k in ("forwards", "ffn_computed", "ffn_skipped", "attn_exact", "attn_approx",
-                                          "tokens_computed", "tokens_computed_dense")}
+        renamed = {"tokens_computed": "positions_computed", "tokens_computed_dense": "positions_computed_dense"}
+        rec["dyllm"] = {k: dy[renamed[k]] if renamed.get(k) in dy else dy[k]
+                        for k in ("forwards", "ffn_computed", "ffn_skipped", "attn_exact", "attn_approx",
+                                  "tokens_computed", "tokens_computed_dense")}
     router = st.extra.get("router")
     if router is not None:
         rec["router"] = router

@@ -26,9 +26,12 @@ class GenerationStats:
     """Counts and timings of one ``generate`` call.
 
     nfe: forward passes of the model (a CFG pair counts once; the prefill counts once).
-    tokens_computed: positions processed by the transformer, summed over forward passes and
-        layers, padding included (what the hardware paid for).
-    tokens_computed_per_request: the same per request, its own real positions only.
+    positions_computed: positions a layer computed, summed over the layers and the forward passes
+        (positions x layers), padding included: what the hardware paid for. A DyLLM sparse layer
+        counts the rows it recomputes, not the rows it reuses.
+    positions_computed_dense: the same forwards with every layer computing every position it was
+        given (what they would cost without DyLLM's row selection; equal without DyLLM).
+    positions_computed_per_request: ``positions_computed`` per request, its own real positions only.
     steps: denoising steps each request went through.
     time_s: wall time per phase (embed, prefill, forward, sample, total); on CUDA these are
         host times (no synchronisation is added for them).
@@ -37,8 +40,9 @@ class GenerationStats:
     """
 
     nfe: int = 0
-    tokens_computed: int = 0
-    tokens_computed_per_request: list[int] = field(default_factory=list)
+    positions_computed: int = 0
+    positions_computed_dense: int = 0
+    positions_computed_per_request: list[int] = field(default_factory=list)
     steps: list[int] = field(default_factory=list)
     time_s: dict[str, float] = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
@@ -115,7 +119,7 @@ class BatchState:
     ``prefix_cache``, ``input_ids``, ``prompt_embeds`` ``[B, Lp, D]``, ``prompt_mask`` (bool
     ``[B, Lp]`` or None), ``prompt_len`` (padded prompt positions, image features included),
     ``prompt_lengths`` (each request's real ones), ``positions`` ``[B, Lp + width]``, ``tokens``
-    (the windows' ids ``[B, width]``), ``steps_done``, ``tokens_per_request``, ``rand``,
+    (the windows' ids ``[B, width]``), ``steps_done``, ``positions_per_request``, ``rand``,
     ``stats``. Set by the model runner's prefill: ``prefix`` (the prompt's KV cache) and
     ``first_masked`` (1 when the prefill commits window position 0: LaViDa-Dream); then
     :meth:`open_windows` makes ``window``; the scheduler makes ``plans``. ``graph_counters``: the
@@ -136,7 +140,7 @@ class BatchState:
         self.rand = self._random_source(gen, request_seeds)
         self.tokens = torch.full((self.batch_size, self.width), self.token_ids.mask, dtype=torch.long,
                                  device=self.device)
-        self.tokens_per_request = [0] * self.batch_size
+        self.positions_per_request = [0] * self.batch_size
         self.steps_done = [0] * self.batch_size
         self.prefix: PrefixKV | None = None
         self.first_masked = 0

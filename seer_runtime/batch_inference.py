@@ -15,7 +15,7 @@ value) is copied to the answer. Any other key is an error naming the line.
 Output: one JSON object per input line, in input order (:data:`RECORD_KEYS`): ``line`` (the
 input's line number), ``id`` (when given), ``answer`` (text before the first end token),
 ``answer_tokens``, ``complete`` (an end token was found inside the window), ``steps``,
-``tokens_computed`` (the request's own positions x layers, summed over its forwards), ``seed``
+``positions_computed`` (the request's own positions x layers, summed over its forwards), ``seed``
 and, with Seer, ``window`` (the window length after Seer's cut and guard). Each holds only what
 the request's own decoding decides: the same bytes whatever the batch, shard or resumption.
 Timings are the run's, printed at the end (tokens and NFE summed over ranks, the slowest rank's
@@ -63,7 +63,7 @@ from .request_files import RUN_REQUEST, check_line, read_jsonl
 
 #: the keys an input line may hold
 #: the keys of an answer record, in the order they are written (``id`` and ``window`` when present)
-RECORD_KEYS = ("line", "id", "answer", "answer_tokens", "complete", "steps", "tokens_computed", "seed", "window")
+RECORD_KEYS = ("line", "id", "answer", "answer_tokens", "complete", "steps", "positions_computed", "seed", "window")
 #: how long a rank waits in a collective for the others (seconds) unless told otherwise
 DEFAULT_DIST_TIMEOUT_S = 3600.0
 #: the version of the part-file layout (its header says it)
@@ -392,7 +392,7 @@ class BatchDecoder:
             tokens += len(answer)
             record = {"line": p.request.line, **p.request.meta, "answer": self.tokenizer.decode(answer),
                       "answer_tokens": len(answer), "complete": int(out.end_positions[r]) >= 0,
-                      "steps": int(st.steps[r]), "tokens_computed": int(st.tokens_computed_per_request[r]),
+                      "steps": int(st.steps[r]), "positions_computed": int(st.positions_computed_per_request[r]),
                       "seed": p.seed}
             if windows is not None:
                 record["window"] = int(windows[r])

@@ -35,7 +35,7 @@ class RunResult:
     wall_s: float = 0.0
     batch_wall_s: list[float] = field(default_factory=list)
     nfe: list[int] = field(default_factory=list)
-    tokens_computed: int = 0
+    positions_computed: int = 0
     seer: dict = field(default_factory=dict)
     dyllm: list[dict] = field(default_factory=list)
     per_request_latency_s: list[float] = field(default_factory=list)
@@ -63,7 +63,7 @@ class RunResult:
         self.wall_s += part.wall_s
         self.batch_wall_s += part.batch_wall_s
         self.nfe += part.nfe
-        self.tokens_computed += part.tokens_computed
+        self.positions_computed += part.positions_computed
         self.per_request_latency_s += part.per_request_latency_s
         self.dyllm += part.dyllm
         for k, v in part.seer.items():
@@ -112,7 +112,7 @@ def run_requests(model, requests: list[Request], gen: GenerationConfig, *, seer=
         result.batch_wall_s.append(wall)
         result.per_request_latency_s.extend([wall] * len(batch))
         result.nfe.append(out.stats.nfe)
-        result.tokens_computed += out.stats.tokens_computed
+        result.positions_computed += out.stats.positions_computed
         for i in range(len(batch)):
             result.answers.append(out.answer_ids(i))
             result.end_positions.append(int(out.end_positions[i]))

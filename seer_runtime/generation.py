@@ -373,8 +373,10 @@ def _in_micro_batches(sizes: list[int], model, input_ids: torch.Tensor, *, atten
                              request_seeds=None if request_seeds is None else request_seeds[part], **kwargs))
         start += n
     stats = GenerationStats(nfe=sum(o.stats.nfe for o in outs),
-                            tokens_computed=sum(o.stats.tokens_computed for o in outs),
-                            tokens_computed_per_request=[n for o in outs for n in o.stats.tokens_computed_per_request],
+                            positions_computed=sum(o.stats.positions_computed for o in outs),
+                            positions_computed_dense=sum(o.stats.positions_computed_dense for o in outs),
+                            positions_computed_per_request=[n for o in outs
+                                                            for n in o.stats.positions_computed_per_request],
                             steps=[n for o in outs for n in o.stats.steps],
                             extra=_merged([o.stats.extra for o in outs], sizes))
     for o in outs:
@@ -422,7 +424,13 @@ def output(scheduler: Scheduler) -> GenerationOutput:
         if state.window[b] < state.width:
             window[b, state.window[b]:] = state.token_ids.eos
     stats = state.stats
-    stats.tokens_computed_per_request = list(state.tokens_per_request)
+    per_request = list(state.positions_per_request)
+    for p in policies:
+        saved = p.saved_positions(state)
+        if saved is not None:
+            stats.positions_computed -= saved[0]
+            per_request = [n - s for n, s in zip(per_request, saved[1])]
+    stats.positions_computed_per_request = per_request
     stats.steps = list(state.steps_done)
     for p in policies:
         stats.extra.update(p.report(state) or {})

@@ -27,6 +27,7 @@ The hooks, in the order a ``generate`` call reaches them::
     step_reads(state, step)          device values the host needs after the step (one read)
     after_step(state, step, values)  the step is committed: window changes (Extend, Redecode)
     report(state)                    a dict for ``stats.extra``, or None
+    saved_positions(state)           positions charged but not computed (DyLLM's reused rows)
     release()                        the call is over (also after an error)
 
 The layer hooks are device work: a forward with a graph key runs them once (recorded into a
@@ -112,6 +113,11 @@ class Policy:
 
     def report(self, state: BatchState) -> dict | None:
         """What this policy measured, for ``stats.extra`` (None: nothing)."""
+        return None
+
+    def saved_positions(self, state: BatchState) -> tuple[int, list[int]] | None:
+        """Positions (x layers) the runner charged that this policy's layer hooks did not compute
+        (DyLLM's reused rows): the total and per request; None: none."""
         return None
 
     def release(self) -> None:

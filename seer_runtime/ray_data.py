@@ -17,7 +17,7 @@ each on a cluster), work pulled by whichever actor is free.
 ``image_root``), ``options`` (GenerationConfig fields, a dict or its JSON text; null values are
 dropped, since Arrow fills a struct's absent fields with null) and any other columns, which are
 passed through. The output rows add ``answer``, ``answer_tokens``, ``complete``, ``steps``,
-``tokens_computed``, ``seed`` (and ``window`` with Seer), as ``seer run`` writes them: each
+``positions_computed``, ``seed`` (and ``window`` with Seer), as ``seer run`` writes them: each
 request seeded from its content, so that its answer does not depend on the actor or the batch.
 
 Ray itself is imported only by :func:`map_requests` (``pip install -e ".[ray]"``); the class is a
@@ -36,7 +36,7 @@ import torch
 from .batch_inference import BatchDecoder, Speed, run_request
 
 #: the columns a batch gains (``window`` only with Seer)
-RESULT_COLUMNS = ("answer", "answer_tokens", "complete", "steps", "tokens_computed", "seed", "window")
+RESULT_COLUMNS = ("answer", "answer_tokens", "complete", "steps", "positions_computed", "seed", "window")
 
 
 def _missing(value) -> bool:

@@ -175,9 +175,11 @@ class ModelRunner:
             state.prefix.real_index = torch.nonzero_static(state.prefix.key_mask.reshape(-1),
                                                            size=sum(state.prompt_lengths)).squeeze(1)
         state.stats.nfe += 1
-        state.stats.tokens_computed += state.batch_size * state.prompt_len * self.num_layers
+        charged = state.batch_size * state.prompt_len * self.num_layers
+        state.stats.positions_computed += charged
+        state.stats.positions_computed_dense += charged
         for b in range(state.batch_size):
-            state.tokens_per_request[b] += state.prompt_lengths[b] * self.num_layers
+            state.positions_per_request[b] += state.prompt_lengths[b] * self.num_layers
         if state.rules.first_token_from_prefill:
             logits = self.model.head(hidden[:, -1:])
             state.tokens[:, 0] = logits[:, 0].argmax(dim=-1)
@@ -272,11 +274,14 @@ class ModelRunner:
 
     def charge(self, fwd: Forward, layers: int | None = None, sign: int = 1) -> None:
         """The statistics of ``fwd`` over ``layers`` layers (default: all, and one forward pass):
-        ``positions`` per layer, each request its window (and its prompt when fed)."""
+        ``positions`` per layer, each request its window (and its prompt when fed); a policy that
+        computes fewer rows than it was given says so when the call reports
+        (``Policy.saved_positions``)."""
         state, n = self.state, self.num_layers if layers is None else layers
-        state.stats.tokens_computed += sign * fwd.positions * n
+        state.stats.positions_computed += sign * fwd.positions * n
+        state.stats.positions_computed_dense += sign * fwd.positions * n
         for r, length in zip(fwd.rows, fwd.lengths):
-            state.tokens_per_request[r] += sign * (length + (state.prompt_lengths[r] if fwd.prompt_fed else 0)) * n
+            state.positions_per_request[r] += sign * (length + (state.prompt_lengths[r] if fwd.prompt_fed else 0)) * n
         if layers is None:
             state.stats.nfe += 1
 

@@ -331,7 +331,7 @@ def calibrate(model, requests: list[Request], gen: GenerationConfig, *, lam: flo
             res = run_requests(model, requests, gen, seer=c, batch_size=batch_size, progress=bar)
         acc = score(requests, res.answers)
         speed = base.wall_s / res.wall_s
-        tokens_ratio = base.tokens_computed / max(1, res.tokens_computed)
+        tokens_ratio = base.positions_computed / max(1, res.positions_computed)
         ranked = tokens_ratio if rank_by == "tokens" else speed
         verified.append({**{k: v for k, v in s.items() if k != "config"}, "config": c,
                          "accuracy_ratio": acc / base_acc if base_acc else 0.0,

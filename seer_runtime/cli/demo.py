@@ -15,7 +15,7 @@ the detected boundary and the true end (``--plot``).
 
 Figures (per configuration): ``tok_per_s`` (valid answer tokens per second of wall time),
 ``latency_s`` (mean request latency = its batch's wall time), ``nfe`` (forward passes per
-batch, mean), ``tokens_computed`` (positions x layers, summed), ``exact_match`` (the
+batch, mean), ``positions_computed`` (positions x layers, summed), ``exact_match`` (the
 workload's score: the whole answer equals the reference on ``demo``; the final ``answer N``
 on ``arith``, as GSM8K is scored, which also reports ``steps_right``, the share of answers
 whose every arithmetic step is right), ``answer_tokens`` (mean answer length); for every
@@ -52,7 +52,7 @@ def _figures(res: RunResult, base: RunResult | None, window: int, score) -> dict
         "tok_per_s": res.tok_per_s,
         "latency_s": res.latency_s,
         "nfe": sum(res.nfe) / len(res.nfe),
-        "tokens_computed": res.tokens_computed,
+        "positions_computed": res.positions_computed,
         **score(res.answers),
         "wall_s": res.wall_s,
     }
@@ -66,7 +66,7 @@ def _figures(res: RunResult, base: RunResult | None, window: int, score) -> dict
         flop_ratio = sum(d["macs"] for d in res.dyllm) / dense if dense else 1.0
         out["dyllm_flop_ratio"] = flop_ratio
     out.update(speedup=res.tok_per_s / base.tok_per_s if base.tok_per_s else 0.0,
-               ideal_speedup=base.tokens_computed / max(1e-9, res.tokens_computed * flop_ratio),
+               ideal_speedup=base.positions_computed / max(1e-9, res.positions_computed * flop_ratio),
                differs_from_baseline=sum(not s for s in same))
     if not res.seer:
         return out
@@ -118,7 +118,7 @@ def run_demo(model, requests, gen, configs: dict, *, batch_size: int, progress: 
 
 def format_table(figures: dict) -> str:
     cols = [("tok/s", "tok_per_s", "{:.1f}"), ("latency s", "latency_s", "{:.3f}"), ("NFE", "nfe", "{:.1f}"),
-            ("tokens", "tokens_computed", "{:,}"), ("EM", "exact_match", "{:.3f}"),
+            ("tokens", "positions_computed", "{:,}"), ("EM", "exact_match", "{:.3f}"),
             ("steps ok", "steps_right", "{:.3f}"),
             ("answer len", "answer_tokens", "{:.1f}"), ("speed-up", "speedup", "x{:.2f}"),
             ("ideal", "ideal_speedup", "x{:.2f}"), ("MAE", "boundary_mae", "{:.2f}"),

@@ -64,7 +64,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     progress.advance(1)
     print(tok.decode(out.answer_ids(0)))
     st = out.stats
-    print(f"\n[stats] NFE {st.nfe}  steps {st.steps[0]}  tokens computed {st.tokens_computed:,}  "
+    print(f"\n[stats] NFE {st.nfe}  steps {st.steps[0]}  positions computed (x layers) {st.positions_computed:,}  "
           + "  ".join(f"{k} {v:.3f}s" for k, v in st.time_s.items()), file=sys.stderr)
     print(f"[stats] chat template: {tok.template.source}; window {gen.gen_length}, block {gen.block}",
           file=sys.stderr)

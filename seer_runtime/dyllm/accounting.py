@@ -23,10 +23,12 @@ class DyLLMAccounting:
         self.records: list[dict] = []
         self._dense_cost: dict[tuple, tuple[float, int]] = {}  # (rows, windows) -> dense MACs, tokens
 
-    def record(self, state: BatchState, plan: SparseForward, maps: SparseMaps | None) -> int:
+    def record(self, state: BatchState, plan: SparseForward, maps: SparseMaps | None, fwd) -> int:
         """A forward ran (or replayed): its record, against what the baseline computes for these
         rows at these window lengths (kept per layout: a replayed step's host work stays a lookup;
-        the windows as they are now: Seer cuts them inside step 0's forward). Returns the positions
+        the windows as they are now: Seer cuts them inside step 0's forward). ``maps``: a sparse
+        forward's layout (its buffers hold the counts, also after a replay); ``fwd``: the forward
+        as the runner charged it (positions per layer, each request's rows). Returns the positions
         a dense forward of the rows feeds."""
         rows, layers = plan.rows, self.num_layers
         key = (plan.row_key, state.window.lengths_of(rows))
@@ -36,11 +38,14 @@ class DyLLMAccounting:
             cost = self._dense_cost[key] = (self.dense_macs(state, rows) * layers, tokens)
         dense, dense_tokens = cost
         record = {"step": plan.step, "mode": plan.mode, "rows": len(rows), "dense_macs": dense,
-                  "tokens_dense": dense_tokens * layers}
+                  "positions_dense": dense_tokens * layers, "row_ids": list(rows)}
         if plan.mode == "full":
             record.update(fed=dense_tokens, layer_stats=None)
-        else:  # kept, read once in stats()
-            record.update(fed=maps.num_queries, layer_stats=maps.layer_stats.clone())
+        else:  # kept, read once in stats(); what the runner charged for it, to tell the rows reused
+            per_request = [(n + (state.prompt_lengths[b] if fwd.prompt_fed else 0)) * layers
+                           for b, n in zip(fwd.rows, fwd.lengths)]
+            record.update(fed=maps.num_queries, layer_stats=maps.layer_stats.clone(),
+                          request_rows=maps.request_rows.clone(), charged=(fwd.positions * layers, per_request))
         self.records.append(record)
         return dense_tokens
 
@@ -70,6 +75,7 @@ class DyLLMAccounting:
         macs = base + (gating * (per_gate - gate_squared * gating)).sum(dim=1) + per_salient * totals[:, 1]
         exact = totals[:, 0] if self.config.approx_attention else totals.new_full((cols.shape[0],), maps.num_queries)
         plan.layer_stats.copy_(torch.stack([totals[:, 0], totals[:, 1], totals[:, 2], exact, macs], dim=1))
+        maps.request_rows.copy_(per_request[:, :, 2].sum(dim=0))
 
     def macs_weights(self, nq: list[int], nk: list[int], upload) -> tuple[float, torch.Tensor, float, float]:
         """The ideal MACs of a sparse layer as ``base + sum_r a_r (per_gate_r - gate_squared a_r)
@@ -91,6 +97,25 @@ class DyLLMAccounting:
             base += sum(q * k * hd for q, k in zip(nq, nk))
             per_gate, gate_squared = [2 * d["D"] * d["Hkd"]] * len(nq), 0.0
         return float(base), upload(per_gate, torch.float64), gate_squared, float(3 * d["D"] * d["I"])
+
+    def saved(self, batch_size: int) -> tuple[int, list[int]]:
+        """Positions (x layers) the runner charged for the sparse forwards that their layers did not
+        compute: padding, and the rows reused from the caches; in all and per request (one read)."""
+        sparse = [r for r in self.records if r["layer_stats"] is not None]
+        if not sparse:
+            return 0, [0] * batch_size
+        flat = torch.cat([t for r in sparse for t in (r["layer_stats"][:, 2].sum().reshape(1), r["request_rows"])])
+        values, start, read = flat.tolist(), 0, []
+        for r in sparse:
+            read.append(values[start: start + 1 + len(r["row_ids"])])
+            start += 1 + len(r["row_ids"])
+        total, per_request = 0, [0] * batch_size
+        for r, values in zip(sparse, read):
+            charged_total, charged_rows = r["charged"]
+            total += charged_total - int(round(values[0]))
+            for b, charged, computed in zip(r["row_ids"], charged_rows, values[1:]):
+                per_request[b] += charged - int(round(computed))
+        return total, per_request
 
     def stats(self, tau: float) -> dict:
         """Totals over the run plus one record per forward (see the module docstring); the
@@ -115,7 +140,7 @@ class DyLLMAccounting:
                 "gating": gating,
                 "attn_exact": exact, "attn_approx": [fed - e for e in exact],
                 "ffn_computed": salient, "ffn_skipped": [fed - x for x in salient],
-                "tokens_computed": sum(union), "tokens_dense": r["tokens_dense"],
+                "positions_computed": sum(union), "positions_dense": r["positions_dense"],
                 "macs": macs, "dense_macs": r["dense_macs"],
             })
         sparse = [r for r in recs if r["mode"] != "full"]
@@ -136,8 +161,8 @@ class DyLLMAccounting:
             "ffn_skipped": sum(sum(r["ffn_skipped"]) for r in recs),
             "attn_exact": sum(sum(r["attn_exact"]) for r in recs),
             "attn_approx": sum(sum(r["attn_approx"]) for r in recs),
-            "tokens_computed": sum(r["tokens_computed"] for r in recs),
-            "tokens_computed_dense": sum(r["tokens_dense"] for r in recs),
+            "positions_computed": sum(r["positions_computed"] for r in recs),
+            "positions_computed_dense": sum(r["positions_dense"] for r in recs),
             "ideal_flop_ratio": (sum(r["macs"] for r in recs) / dense_macs) if dense_macs else None,
             "macs": sum(r["macs"] for r in recs),
             "dense_macs": dense_macs,

@@ -122,7 +122,7 @@ class DyLLMPolicy(Policy):
 
     def after_forward(self, state: BatchState, fwd: Forward) -> None:
         plan, self.current = self.current, None
-        self.accounting.record(state, plan, None if plan.mode == "full" else self._maps[plan.maps_key])
+        self.accounting.record(state, plan, None if plan.mode == "full" else self._maps[plan.maps_key], fwd)
         if plan.mode == "full":
             for b in plan.rows:
                 self.dense_forwards[b] += 1
@@ -130,6 +130,9 @@ class DyLLMPolicy(Policy):
 
     def report(self, state: BatchState) -> dict:
         return {"dyllm": self.accounting.stats(self.tau)}
+
+    def saved_positions(self, state: BatchState) -> tuple[int, list[int]]:
+        return self.accounting.saved(state.batch_size)
 
     def release(self) -> None:
         if self.caches is not None:

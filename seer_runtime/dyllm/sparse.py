@@ -58,6 +58,7 @@ class SparseMaps:
     rope: tuple[torch.Tensor, torch.Tensor]
     slots: torch.Tensor  # arange(num_queries): the fixed-capacity row sets' slot numbers
     layer_stats: torch.Tensor  # float64 [layers, 5]: a forward's gating, salient, union, exact rows, MACs
+    request_rows: torch.Tensor  # float64 [R]: each request's recomputed (union) rows, summed over the layers
     macs_weights: tuple[float, torch.Tensor, float, float]  # DyLLMPolicy.macs_weights of this layout
     # per layer, the buffers cosine_saliency writes: index int32 [num_queries], count int32 [1],
     # similarity fp32 [num_queries], salient flags bool [num_queries] (views of one [layers, ...]
@@ -152,6 +153,7 @@ def build_maps(state: BatchState, plan: SparseForward, fwd: Forward, *, cached_p
         prefix_key_row=kp_row, prefix_key_pos=kp_pos, prefix_key_dst=kp_dst,
         positions=positions, rope=model.rope(positions), slots=torch.arange(tq, device=dev),
         layer_stats=torch.zeros(model.num_layers, 5, dtype=torch.float64, device=dev),
+        request_rows=torch.zeros(R, dtype=torch.float64, device=dev),
         saliency=list(zip(*(torch.empty(model.num_layers, n, dtype=dtype, device=dev).unbind(0) for n, dtype in
                             ((tq, torch.int32), (1, torch.int32), (tq, torch.float32), (tq, torch.bool))))),
         macs_weights=macs_weights(fed_per_request, keys_per_request, up),

@@ -18,7 +18,7 @@ WINDOW = 16
 
 
 def _result(answers, ends, **seer) -> RunResult:
-    res = RunResult(answers=answers, end_positions=ends, nfe=[4], tokens_computed=100, wall_s=1.0)
+    res = RunResult(answers=answers, end_positions=ends, nfe=[4], positions_computed=100, wall_s=1.0)
     res.seer = seer
     return res
 

@@ -99,8 +99,8 @@ def test_answers_come_in_input_order_with_their_statistics(tmp_path, checkpoint,
     assert [r["line"] for r in records] == [1, 2, 3, 4, 5]
     assert records[0]["id"] == "a" and records[4]["id"] == 5 and "id" not in records[1]
     assert [list(r) for r in records[1:2]] == [["line", "answer", "answer_tokens", "complete", "steps",
-                                                 "tokens_computed", "seed"]]
-    assert all(r["steps"] == 8 and r["tokens_computed"] > 0 for r in records)
+                                                 "positions_computed", "seed"]]
+    assert all(r["steps"] == 8 and r["positions_computed"] > 0 for r in records)
     assert records[1]["seed"] == request_seed(None, "w4")
     # alone, a request gets the same bytes (its own seed, its own statistics)
     for i in (2, 3):

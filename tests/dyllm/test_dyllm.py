@@ -313,14 +313,14 @@ def test_defaults_finish_with_savings(kind):
     assert st["salient_fraction"] < 1 and any(min(r["salient_fraction"]) < 1 for r in sparse)
     assert 0 < st["ideal_flop_ratio"] < 1 and st["ffn_skipped"] > 0
     assert st["approx_attention"] is True and st["key_correction"] is True and st["attn_approx"] > 0
-    assert st["tokens_computed"] < st["tokens_computed_dense"]
+    assert st["positions_computed"] < st["positions_computed_dense"]
     for r in st["steps"]:
         for layer in range(model.num_layers):
             assert r["ffn_computed"][layer] + r["ffn_skipped"][layer] == r["fed"]
             assert r["attn_exact"][layer] + r["attn_approx"][layer] == r["fed"]
-            assert r["tokens_computed"] <= r["fed"] * model.num_layers
+            assert r["positions_computed"] <= r["fed"] * model.num_layers
     full = [r for r in st["steps"] if r["mode"] == "full"]
-    assert all(r["macs"] == r["dense_macs"] and r["tokens_computed"] == r["tokens_dense"] for r in full)
+    assert all(r["macs"] == r["dense_macs"] and r["positions_computed"] == r["positions_dense"] for r in full)
 
 
 @pytest.mark.parametrize("kind", ["llada-8b-instruct", "lavida-dream"])
@@ -371,6 +371,7 @@ def test_the_key_correction_is_counted_in_the_ideal_flops():
         fw = SparseForward(rows=[0], index=torch.tensor([0]), step=5, mode="response")
         fw.layer_stats = torch.zeros(1, 5, dtype=torch.float64)
         fw.maps = SimpleNamespace(query_row=torch.zeros(nq, dtype=torch.long), num_queries=nq,
+                                  request_rows=torch.zeros(1, dtype=torch.float64),
                                   macs_weights=accounting.macs_weights([nq], [nk],
                                                                        lambda v, dt: torch.tensor(v, dtype=dt)))
         fw.gate_masks, fw.salient_masks = [gate_mask], [salient_mask]
@@ -654,3 +655,21 @@ def test_contiguous_layouts_read_the_caches_as_views_with_the_same_result(kind, 
     assert torch.equal(fast.responses, slow.responses)
     assert fast.stats.extra["dyllm"]["steps"] == slow.stats.extra["dyllm"]["steps"]
     assert any(min(r["salient_fraction"]) < 1 for r in sparse_records(fast))
+
+
+@pytest.mark.parametrize("kind", ["llada-8b-instruct", "dream-v0-instruct-7b"])
+def test_the_work_figure_counts_the_rows_dyllm_recomputes(kind):
+    """``stats.positions_computed`` is one figure for every method: with DyLLM it counts the rows
+    its sparse layers recompute (what DyLLM's own statistics count), ``positions_computed_dense``
+    what the same forwards cost dense; per request the same. With every row salient they agree."""
+    model = tiny(kind)
+    ids = torch.randint(5, 60, (3, 6), generator=torch.Generator().manual_seed(4))  # no padding
+    gen = gen_for(model, length=12, prefix_cache=False)
+    out = generate(model, ids, gen=gen, dyllm=DyLLMConfig(tau=0.99, full_steps=2, prompt_period=2))
+    st, dy = out.stats, out.stats.extra["dyllm"]
+    assert st.positions_computed == dy["positions_computed"] < st.positions_computed_dense
+    assert sum(st.positions_computed_per_request) == st.positions_computed
+    base = generate(model, ids, gen=gen)  # without DyLLM one figure (its response-only steps feed fewer rows)
+    assert base.stats.positions_computed == base.stats.positions_computed_dense > st.positions_computed_dense
+    every = generate(model, ids, gen=gen, dyllm=EXACT)  # every row salient: nothing reused
+    assert every.stats.positions_computed == every.stats.positions_computed_dense

@@ -269,13 +269,13 @@ def test_demo_with_the_arith_workload_writes_its_figures(tmp_path):
     assert set(fig["probes"]) == {"sparsity", "eos_prob", "both"}
     assert list(fig["methods"]) == ["dyllm", "threshold:0.9", "seer+threshold", "seer+threshold+dyllm"]
     for row in [fig["baseline"], *fig["probes"].values(), *fig["methods"].values()]:
-        for key in ("tok_per_s", "latency_s", "nfe", "tokens_computed", "exact_match", "steps_right",
+        for key in ("tok_per_s", "latency_s", "nfe", "positions_computed", "exact_match", "steps_right",
                     "answer_tokens"):
             assert key in row, key
     assert fig["baseline"]["nfe"] == RESPONSE_WINDOW + 1  # the prefill, then one step per token
     assert fig["methods"]["threshold:0.9"]["nfe"] <= fig["baseline"]["nfe"]
     for probe in fig["probes"].values():
-        assert probe["tokens_computed"] <= fig["baseline"]["tokens_computed"]
+        assert probe["positions_computed"] <= fig["baseline"]["positions_computed"]
         assert probe["recovered"] + probe["completed_differently"] + probe["lost_answers"] == probe["over_truncated"]
     assert (tmp_path / "profiles.png").stat().st_size > 0
 

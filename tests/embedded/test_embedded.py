@@ -278,13 +278,13 @@ def test_shipped_seer_config_and_demo_json(tmp_path, reference_kernels):
                 "over_truncation_rate", "recovered", "lost_answers", "probes"):
         assert key in fig, key
     for part in (fig["baseline"], fig["seer"]):
-        for key in ("tok_per_s", "latency_s", "nfe", "tokens_computed", "exact_match"):
+        for key in ("tok_per_s", "latency_s", "nfe", "positions_computed", "exact_match"):
             assert key in part, key
     assert fig["requests"] == 8 and set(fig["probes"]) == {"sparsity", "eos_prob", "both"}
     # Seer never computes more positions than the baseline, and the guard loses nothing it
     # cannot report: every over-truncated answer is either recovered or counted as lost
     for probe in fig["probes"].values():
-        assert probe["tokens_computed"] <= fig["baseline"]["tokens_computed"]
+        assert probe["positions_computed"] <= fig["baseline"]["positions_computed"]
         assert probe["recovered"] + probe["completed_differently"] + probe["lost_answers"] == probe["over_truncated"]
     # DyLLM, threshold parallel decoding and their compositions with Seer, beside the probes
     methods = fig["methods"]
@@ -292,7 +292,7 @@ def test_shipped_seer_config_and_demo_json(tmp_path, reference_kernels):
     assert methods["dyllm"]["dyllm_flop_ratio"] < 1 and methods["dyllm"]["ideal_speedup"] > 1
     for name in ("threshold:0.9", "seer+threshold"):  # a threshold cuts the steps, hence the forwards
         assert methods[name]["nfe"] < fig["baseline"]["nfe"], name
-    assert methods["seer+threshold"]["tokens_computed"] <= methods["threshold:0.9"]["tokens_computed"]
+    assert methods["seer+threshold"]["positions_computed"] <= methods["threshold:0.9"]["positions_computed"]
 
 
 def test_shipped_dyllm_config_is_the_calibrated_choice():

@@ -265,8 +265,8 @@ def test_statistics_and_outputs():
     out = generate(model, ids, attention_mask=mask, gen=GenerationConfig(gen_length=8, steps=4, block_length=4))
     st = out.stats
     assert st.nfe == 4 and st.steps == [4, 4]
-    assert st.tokens_computed == 4 * 2 * (4 + 8) * model.num_layers  # padding included
-    assert st.tokens_computed_per_request == [4 * (4 + 8) * 3, 4 * (2 + 8) * 3]
+    assert st.positions_computed == 4 * 2 * (4 + 8) * model.num_layers  # padding included
+    assert st.positions_computed_per_request == [4 * (4 + 8) * 3, 4 * (2 + 8) * 3]
     assert set(st.time_s) >= {"embed", "forward", "sample", "total"} and st.engine_overhead_s >= 0
     assert out.sequences.shape == (2, 12) and torch.equal(out.sequences[:, :4], ids)
     assert (out.responses != model.token_ids.mask).all()

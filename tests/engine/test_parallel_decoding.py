@@ -55,7 +55,7 @@ def test_a_threshold_commits_several_tokens_per_step_and_stops_early():
     fast = generate(model, ids, attention_mask=mask, gen=_gen(threshold=0.1), graphs=None)
     assert fast.stats.nfe < fixed.stats.nfe
     assert len(set(fast.stats.steps)) > 1, "requests finish their blocks at different steps"
-    assert fast.stats.tokens_computed < fixed.stats.tokens_computed  # a finished request stops costing
+    assert fast.stats.positions_computed < fixed.stats.positions_computed  # a finished request stops costing
     assert not bool((fast.responses == model.token_ids.mask).any())
 
 
@@ -138,7 +138,7 @@ def test_threshold_composes_with_dyllm_and_seer(reference_kernels):
     for i, n in enumerate(keep):  # the cut window is what blocks and thresholds see
         assert bool((cut.responses[i, :n] == model.token_ids.mask).any()) == (i in stalled)
         assert bool((cut.responses[i, n:] == model.token_ids.eos).all())
-    assert cut.stats.tokens_computed <= alone.stats.tokens_computed
+    assert cut.stats.positions_computed <= alone.stats.positions_computed
 
 
 @pytest.mark.parametrize("make,match", [

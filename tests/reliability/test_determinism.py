@@ -76,7 +76,7 @@ def gen_for(model, **changes) -> GenerationConfig:
 
 def _stats(out):
     st = out.stats
-    return st.nfe, st.tokens_computed, st.steps, st.extra
+    return st.nfe, st.positions_computed, st.steps, st.extra
 
 
 @pytest.mark.parametrize("mode", list(MODES))

@@ -239,7 +239,7 @@ def test_a_prefix_cache_that_would_not_fit_decodes_in_micro_batches(monkeypatch)
     assert parts.stats.extra["micro_batches"] == [2, 2, 1]
     assert torch.equal(parts.sequences, whole.sequences)
     assert parts.stats.steps == whole.stats.steps and parts.stats.nfe == 3 * whole.stats.nfe  # each part: all steps
-    assert parts.stats.tokens_computed_per_request == whole.stats.tokens_computed_per_request
+    assert parts.stats.positions_computed_per_request == whole.stats.positions_computed_per_request
     monkeypatch.setattr(generation, "device_free_bytes", lambda device: 1024)
     with pytest.raises(DoesNotFitError, match=r"one request \(prompt 6 positions, window 16"):
         generate(model, ids, gen=gen, graphs=None)

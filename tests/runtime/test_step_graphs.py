@@ -41,8 +41,8 @@ def test_replayed_forwards_decode_what_eager_ones_do(kind):
         graphed = _decode(model, gen, kw, backend)
         assert torch.equal(eager.sequences, graphed.sequences), f"{kind} {name}: sequences differ"
         a, b = eager.stats, graphed.stats
-        assert (a.nfe, a.tokens_computed, a.tokens_computed_per_request, a.steps) == (
-            b.nfe, b.tokens_computed, b.tokens_computed_per_request, b.steps), f"{kind} {name}: statistics differ"
+        assert (a.nfe, a.positions_computed, a.positions_computed_per_request, a.steps) == (
+            b.nfe, b.positions_computed, b.positions_computed_per_request, b.steps), f"{kind} {name}: statistics differ"
         for policy in ("seer", "dyllm", "router"):
             assert a.extra.get(policy) == b.extra.get(policy), f"{kind} {name}: {policy} statistics differ"
         assert len(set(backend.captured)) == len(backend.captured), "each key is captured once"
