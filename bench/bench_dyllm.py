@@ -6,15 +6,15 @@ per step, one block; the smoke run with ``--benchmark-disable`` uses prompt 16, 
 Configurations, timed in alternation (these machines are noisy):
 
 * baseline - the plain engine;
-* DyLLM defaults - tau 0.99, 4 warm-up steps, prompt fed every 4th step, the key-corrected
-  partial attention for the rows outside the gating set;
-* DyLLM paper's partial attention - the same with ``C_cache + P[:, A] @ dV`` verbatim
-  (``key_correction=False``);
+* DyLLM defaults (the authors' code) - tau 0.99, 4 warm-up steps, prompt fed every 4th step,
+  ``C_cache + P[:, A] @ dV`` for the rows outside the gating set;
+* DyLLM key-corrected attention - the same with our update that also accounts for the change
+  of the gating rows' keys (``key_correction=True``);
 * DyLLM exact attention - the same with exact attention for every fed row;
 * DyLLM prompt every step - the saliency gating alone (no response-only steps);
 * DyLLM tau 1.01 - every row salient: the cost of the sparse machinery when nothing is skipped.
 
-Per configuration: seconds per generate (median), answer tok/s, tokens computed (positions
+Per configuration: seconds per generate (median), answer tok/s, positions computed (positions
 whose K/V or FFN were computed, summed over layers; baseline: positions fed), the measured
 speed-up, the ideal speed-up from the salient fractions over the transformer layers
 (``1 / stats.extra["dyllm"]["ideal_flop_ratio"]``) and the same including the LM head, which
@@ -50,7 +50,7 @@ MID = dict(d_model=1024, n_heads=16, n_kv_heads=16, n_layers=4, mlp_hidden_size=
 CONFIGS = [
     ("baseline", None),
     ("DyLLM defaults", DyLLMConfig()),
-    ("DyLLM paper's partial attention", DyLLMConfig(key_correction=False)),
+    ("DyLLM key-corrected attention", DyLLMConfig(key_correction=True)),
     ("DyLLM exact attention", DyLLMConfig(approx_attention=False)),
     ("DyLLM prompt every step", DyLLMConfig(prompt_period=1)),
     ("DyLLM tau 1.01 (all salient)", DyLLMConfig(tau=1.01, prompt_period=1)),

@@ -72,7 +72,7 @@ class Row:
     """One timed ``generate`` configuration.
 
     group: "decode" or "serving"; base: the label of the row its ratio is taken against (None:
-    it is a base); dyllm: None, "key" (the default key-corrected update), "paper" or "exact";
+    it is a base); dyllm: None, "paper" (the default: the authors' update), "key" (ours, key-corrected) or "exact";
     cut: the oracle ``L*``; threshold: a confidence threshold every position passes; router: the
     PWR router; extended: run only when the stage has time left after the default rows.
     """
@@ -131,9 +131,9 @@ def plan_rows(s: Setting) -> list[Row]:
     base = "baseline"
     rows = [
         Row(base, **d),
-        Row("dyllm", base=base, dyllm="key", **d),
+        Row("dyllm", base=base, dyllm="paper", **d),
         Row("seer (oracle L*)", base=base, cut=True, **d),
-        Row("seer (oracle L*) + dyllm", base=base, cut=True, dyllm="key", **d),
+        Row("seer (oracle L*) + dyllm", base=base, cut=True, dyllm="paper", **d),
         Row("threshold (a block per forward)", base=base, threshold=True, **d),
         Row("seer (oracle L*) + threshold", base=base, cut=True, threshold=True, **d),
     ]
@@ -144,12 +144,12 @@ def plan_rows(s: Setting) -> list[Row]:
         rows += [Row(vanilla, **v), Row(f"serving batch {batch}: pad to longest", base=vanilla, cut=True, **v),
                  Row(f"serving batch {batch}: router", base=vanilla, cut=True, router=True, **v)]
     rows += [
-        Row("dyllm (the paper's partial attention)", base=base, dyllm="paper", extended=True, **d),
+        Row("dyllm (key-corrected attention)", base=base, dyllm="key", extended=True, **d),
         Row("dyllm (exact attention)", base=base, dyllm="exact", extended=True, **d),
         Row("block cache: prefix", base=base, block_cache="prefix", extended=True, **d),
         Row("block cache: dual", base=base, block_cache="dual", extended=True, **d),
         Row(f"baseline, {s.paper_steps} steps", **{**d, "steps": s.paper_steps}, extended=True),
-        Row(f"dyllm, {s.paper_steps} steps", base=f"baseline, {s.paper_steps} steps", dyllm="key", extended=True,
+        Row(f"dyllm, {s.paper_steps} steps", base=f"baseline, {s.paper_steps} steps", dyllm="paper", extended=True,
             **{**d, "steps": s.paper_steps}),
     ]
     default = [r for r in rows if not r.extended]
@@ -345,7 +345,7 @@ def generate_kwargs(row: Row, model, keep: list[int] | None):
         gen = gen.replace(block_cache=row.block_cache)
     kwargs: dict = {"policies": [OracleCut(keep)] if keep else []}
     if row.dyllm:
-        options = {"key": {}, "paper": {"key_correction": False}, "exact": {"approx_attention": False}}[row.dyllm]
+        options = {"paper": {}, "key": {"key_correction": True}, "exact": {"approx_attention": False}}[row.dyllm]
         kwargs["dyllm"] = DyLLMConfig.for_model(model, **options)
     if row.router:
         kwargs["router"] = RouterConfig.for_window(row.window, max_batch=len(keep) if keep else row.batch)

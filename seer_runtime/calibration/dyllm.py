@@ -2,8 +2,8 @@
 
 DyLLM's paper fixes tau per model family (0.99 LLaDA, 0.995 Dream; its sweeps span
 0.98-0.9975) and approximates the attention of the rows outside the gating set by
-``C_cache + P[:, A] @ dV``; we also offer that update corrected for the change of the
-salient keys (the default) and exact attention (``DyLLMConfig.attention_mode``). What each
+``C_cache + P[:, A] @ dV`` (the default, as its authors' code does); we also offer that update
+corrected for the change of the salient keys and exact attention (``DyLLMConfig.attention_mode``). What each
 costs in accuracy depends on the checkpoint (bench/RESULTS.md, "DyLLM"), so, as
 ``seer calibrate`` does for Seer, this measures the choice on requests with their baseline
 answers:
@@ -12,7 +12,7 @@ answers:
    scored against the baseline's own answer, so accuracy is then agreement with the baseline;
    the caller's requests are not modified);
 2. decode every candidate: tau in :data:`TAU_GRID` plus the family default, each with the
-   key-corrected partial attention (the default), the paper's partial attention and exact
+   paper's partial attention (the default), our key-corrected partial attention and exact
    attention (:data:`ATTENTION_MODES`; warm-up and prompt period as given, the paper's 4 and
    4 by default);
 3. keep the candidates whose exact match is at most ``max_drop`` below the baseline's and
@@ -41,9 +41,9 @@ from .seer import exact_match
 TAU_GRID = (0.98, 0.99, 0.995, 0.9975)
 #: the attention modes tried with each tau (``DyLLMConfig.attention_mode`` -> its fields)
 ATTENTION_MODES = {
-    "partial": {"approx_attention": True, "key_correction": True},
     "paper": {"approx_attention": True, "key_correction": False},
-    "exact": {"approx_attention": False, "key_correction": True},
+    "partial": {"approx_attention": True, "key_correction": True},
+    "exact": {"approx_attention": False, "key_correction": False},
 }
 
 

@@ -1,4 +1,5 @@
-"""DyLLM's settings (:class:`DyLLMConfig`) and the paper's defaults per model family."""
+"""DyLLM's settings (:class:`DyLLMConfig`): by default what its authors' code runs
+(younjoo0614/DyLLM 6487a59: ``dyllm/engine/model_runner.py``, ``layers/attention.py``)."""
 
 from __future__ import annotations
 
@@ -13,28 +14,32 @@ DEFAULT_TAU = {"llada": 0.99, "dream": 0.995}
 
 @dataclass(frozen=True)
 class DyLLMConfig(StoredConfig):
-    """DyLLM's settings; validated on construction. See the module docstring.
+    """DyLLM's settings; validated on construction. The defaults are the authors' code's.
 
     tau: cosine-similarity threshold, a row is salient when ``cos < tau``; None -> the family
         default (0.99 LLaDA, MMaDA, LaViDa-LLaDA; 0.995 Dream, LaViDa-Dream). ``tau > 1``
         makes every row salient (sparse steps then compute what dense steps compute; said by a
         UserWarning, since a typo for 0.x would otherwise silently cost all the savings).
     full_steps: warm-up steps computed in full (>= 1: the caches must be filled first).
-    prompt_period: without a prefix cache, the prompt is fed on steps ``t`` with
-        ``t % prompt_period == 0`` and only the window on the others (1: always fed).
+    prompt_period: without a prefix cache, the prompt is fed on the steps ``t`` (0-based) with
+        ``(t + 1) % prompt_period == 0`` and only the window on the others (1: always fed) - the
+        authors' phase: with the 1-based step count ``n = t + 1`` they feed the window alone when
+        ``n > full_steps and n % prompt_period != 0`` (t = 7, 11, 15, ... feed the prompt with 4 and 4).
     approx_attention: True (the default) approximates the rows outside the gating set from
         their cached context and the salient columns only (``partial_attention``); False gives
         every fed query row exact attention.
-    key_correction: with ``approx_attention``, True (the default) also accounts for the change
-        of the salient rows' keys (``partial_attention(..., k_old=...)``); False is the paper's
-        ``C_cache + P[:, A] @ dV`` verbatim, which accounts for the change of their values only.
+    key_correction: with ``approx_attention``, False (the default) is the authors' update
+        ``C_cache + P_new[:, A] @ dV`` (the change of the gating rows' values only); True is our
+        change, which also accounts for the change of their keys (``partial_attention(...,
+        k_old=...)``, the same ``O(N |A| d)`` cost; exact when nothing else changed):
+        opt-in, and chosen by ``seer calibrate-dyllm`` only where it keeps more answers.
     """
 
     tau: float | None = None
     full_steps: int = 4
     prompt_period: int = 4
     approx_attention: bool = True
-    key_correction: bool = True
+    key_correction: bool = False
 
     def __post_init__(self) -> None:
         if self.tau is not None:
@@ -54,8 +59,8 @@ class DyLLMConfig(StoredConfig):
 
     @property
     def attention_mode(self) -> str:
-        """``"partial"`` (key-corrected partial attention), ``"paper"`` (the paper's partial
-        attention verbatim) or ``"exact"``."""
+        """``"paper"`` (the authors' partial attention, the default), ``"partial"`` (ours,
+        key-corrected) or ``"exact"``."""
         if not self.approx_attention:
             return "exact"
         return "partial" if self.key_correction else "paper"
@@ -70,7 +75,7 @@ class DyLLMConfig(StoredConfig):
 
     @classmethod
     def for_model(cls, model, **changes) -> DyLLMConfig:
-        """The defaults for ``model`` with its family's tau filled in (``changes`` override)."""
+        """The authors' settings for ``model``'s family (its tau filled in; ``changes`` override)."""
         family = getattr(model, "family", None)
         if family not in DEFAULT_TAU:
             raise ValueError(f"model family {family!r} has no DyLLM default (known: {sorted(DEFAULT_TAU)})")

@@ -55,7 +55,7 @@ def test_calibrate_on_a_tiny_model(kind, tmp_path):
     out = calibrate_dyllm(model, requests, gen, taus=(0.98,), full_steps=2, batch_size=2, log=logs.append)
     default_tau = 0.99 if model.family == "llada" else 0.995
     got = [(c["config"]["tau"], DyLLMConfig.from_dict(c["config"]).attention_mode) for c in out["candidates"]]
-    assert got == [(default_tau, "partial"), (0.98, "partial"), (0.98, "paper"), (default_tau, "paper"),
+    assert got == [(default_tau, "paper"), (0.98, "paper"), (0.98, "partial"), (default_tau, "partial"),
                    (0.98, "exact"), (default_tau, "exact")]
     assert out["candidates"][0]["config"] == DyLLMConfig.for_model(model, full_steps=2).to_dict()  # the defaults first
     assert out["baseline"]["exact_match"] == 1.0  # no references: agreement with the baseline
