@@ -134,11 +134,12 @@ def test_calibrate_dyllm_a_checkpoint_from_jsonl(tmp_path, capsys):
     assert cfg.to_dict() in [c["config"] for c in record["candidates"]]
     rc = main(["generate", "--model", str(ckpt), "--prompt", "w1", "--gen-length", "8", "--dyllm", str(out)])
     assert rc == 0
-    # this random tiny model changes two of four answers with every candidate: none within 0.25,
-    # the most accurate is written and the command says so with a non-zero status
+    # this random tiny model changes at least one of four answers with every candidate (the
+    # prompt fed every fourth step changes one even where every row is recomputed): none within
+    # 0.2, the most accurate is written and the command says so with a non-zero status
     rc = main(["calibrate-dyllm", "--model", str(ckpt), "--data", str(data), "--out", str(out), "--gen-length", "8",
-               "--full-steps", "2", "--max-drop", "0.25"])
-    assert rc == 1 and "no candidate kept the exact match within 0.25" in capsys.readouterr().err
+               "--full-steps", "2", "--max-drop", "0.2"])
+    assert rc == 1 and "no candidate kept the exact match within 0.2" in capsys.readouterr().err
     assert json.loads(out.read_text())["calibration"]["within_tolerance"] is False
     rc = main(["calibrate-dyllm", "--model", str(ckpt), "--data", str(data), "--max-drop", "1.5"])
     assert rc == 2 and "max_drop must be a number in [0, 1)" in capsys.readouterr().err
