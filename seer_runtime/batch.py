@@ -33,6 +33,9 @@ class GenerationStats:
         given (what they would cost without DyLLM's row selection; equal without DyLLM).
     positions_computed_per_request: ``positions_computed`` per request, its own real positions only.
     steps: denoising steps each request went through.
+    steps_saved: per request, the steps of its plan left when ``GenerationConfig.early_stop``
+        ended it (0: not ended early). Threshold decoding plans one step at a time: there it is
+        the blocks still holding masks (a lower bound, each needs at least one step).
     time_s: wall time per phase (embed, prefill, forward, sample, total); on CUDA these are
         host times (no synchronisation is added for them).
     extra: the policies' and layouts' reports (``seer``, ``dyllm``, ``router``, ``block_cache``,
@@ -44,6 +47,7 @@ class GenerationStats:
     positions_computed_dense: int = 0
     positions_computed_per_request: list[int] = field(default_factory=list)
     steps: list[int] = field(default_factory=list)
+    steps_saved: list[int] = field(default_factory=list)
     time_s: dict[str, float] = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
 
@@ -119,11 +123,12 @@ class BatchState:
     ``prefix_cache``, ``input_ids``, ``prompt_embeds`` ``[B, Lp, D]``, ``prompt_mask`` (bool
     ``[B, Lp]`` or None), ``prompt_len`` (padded prompt positions, image features included),
     ``prompt_lengths`` (each request's real ones), ``positions`` ``[B, Lp + width]``, ``tokens``
-    (the windows' ids ``[B, width]``), ``steps_done``, ``positions_per_request``, ``rand``,
-    ``stats``. Set by the model runner's prefill: ``prefix`` (the prompt's KV cache) and
-    ``first_masked`` (1 when the prefill commits window position 0: LaViDa-Dream); then
-    :meth:`open_windows` makes ``window``; the scheduler makes ``plans``. ``graph_counters``: the
-    call's graph counters (``graphs.GraphCounters``, live; what a measuring policy reads).
+    (the windows' ids ``[B, width]``), ``steps_done``, ``steps_saved`` (early stop's, per request),
+    ``ended`` (the requests early stop ended), ``positions_per_request``, ``rand``, ``stats``. Set
+    by the model runner's prefill: ``prefix`` (the prompt's KV cache) and ``first_masked`` (1 when
+    the prefill commits window position 0: LaViDa-Dream); then :meth:`open_windows` makes
+    ``window``; the scheduler makes ``plans``. ``graph_counters``: the call's graph counters
+    (``graphs.GraphCounters``, live; what a measuring policy reads).
     """
 
     def __init__(self, model, input_ids: torch.Tensor, gen: GenerationConfig, *,
@@ -142,6 +147,8 @@ class BatchState:
                                  device=self.device)
         self.positions_per_request = [0] * self.batch_size
         self.steps_done = [0] * self.batch_size
+        self.steps_saved = [0] * self.batch_size
+        self.ended: set[int] = set()
         self.prefix: PrefixKV | None = None
         self.first_masked = 0
         self.window: WindowState | None = None

@@ -226,6 +226,17 @@ class GenerationConfig(StoredConfig):
     check_finite: watch every layer's output and the logits for NaN / inf on the device and
                   raise ``NonFiniteError`` (naming the step and layer) at the end of the call
                   (default True; one reduction per layer, one host read per call).
+    early_stop:   end a request on the step that commits one of its end tokens (EOS, end of
+                  turn) with every earlier window position committed, as DyLLM's and dInfer's
+                  schedulers do: its answer cannot change after that step, so its later steps
+                  are not run (a finished request stops costing compute while the others go on)
+                  and the window positions after the end token are returned as EOS. The check
+                  joins the step's one device->host read. Off by default (the reference
+                  generators run every step; the answers are the same either way, the tokens
+                  after the end token may differ); ``stats.steps_saved`` says what it saved.
+                  Random draws (temperature, random remasking, Dream's "origin") keep the
+                  answers with ``rng="per_request"``; a global generator's draws depend on which
+                  requests still run, as they do after Seer's cut.
     """
 
     gen_length: int = 128
@@ -251,6 +262,7 @@ class GenerationConfig(StoredConfig):
     threshold: float | None = None
     block_cache: str | None = None
     check_finite: bool = True
+    early_stop: bool = False
 
     def __post_init__(self) -> None:
         check_int("gen_length", self.gen_length, minimum=1)
@@ -280,6 +292,7 @@ class GenerationConfig(StoredConfig):
             check_bool(name, getattr(self, name))
         check_bool("prefix_cache", self.prefix_cache, optional=True)
         check_bool("check_finite", self.check_finite)
+        check_bool("early_stop", self.early_stop)
         check(self.schedule is None or self.schedule in SCHEDULES,
               f"schedule must be None or one of {SCHEDULES}, got {self.schedule!r}")
         check_real("schedule_shift", self.schedule_shift, minimum=0, open_minimum=True)

@@ -378,6 +378,7 @@ def _in_micro_batches(sizes: list[int], model, input_ids: torch.Tensor, *, atten
                             positions_computed_per_request=[n for o in outs
                                                             for n in o.stats.positions_computed_per_request],
                             steps=[n for o in outs for n in o.stats.steps],
+                            steps_saved=[n for o in outs for n in o.stats.steps_saved],
                             extra=_merged([o.stats.extra for o in outs], sizes))
     for o in outs:
         for phase, seconds in o.stats.time_s.items():
@@ -423,6 +424,12 @@ def output(scheduler: Scheduler) -> GenerationOutput:
     for b in range(state.batch_size):
         if state.window[b] < state.width:
             window[b, state.window[b]:] = state.token_ids.eos
+    if state.ended:  # early stop: the positions after the end token were never decoded
+        index = state.device_tensor(sorted(state.ended))
+        ended = window.index_select(0, index)
+        end = first_end_positions(ended, state.token_ids.end_ids)
+        after = torch.arange(state.width, device=state.device) > end[:, None]
+        window.index_copy_(0, index, ended.masked_fill(after, state.token_ids.eos))
     stats = state.stats
     per_request = list(state.positions_per_request)
     for p in policies:
@@ -432,6 +439,7 @@ def output(scheduler: Scheduler) -> GenerationOutput:
             per_request = [n - s for n, s in zip(per_request, saved[1])]
     stats.positions_computed_per_request = per_request
     stats.steps = list(state.steps_done)
+    stats.steps_saved = list(state.steps_saved)
     for p in policies:
         stats.extra.update(p.report(state) or {})
     stats.extra.update(runner.report())

@@ -17,7 +17,8 @@ backend (``generate(graphs="cuda")``), raises :class:`GraphCaptureError`. Timing
 are the caller's, outside the captured call.
 
 Backends (``generate(graphs=...)``, resolved by :func:`resolve_backend`): ``"auto"`` (CUDA graphs
-on a CUDA device; elsewhere every unit runs eagerly, said once per process), ``"cuda"`` (strict
+on a CUDA device; elsewhere every unit runs eagerly, noted once per process on the
+``seer_runtime`` logger at INFO level - expected there, so not a warning), ``"cuda"`` (strict
 CUDA graphs; an error on any other device), None (eager), or a backend object:
 :class:`RecordingGraphBackend` replays the recorded ops on the CPU with a graph's semantics (what
 the tests use), :class:`FakeGraphBackend` calls the function again at every replay.
@@ -25,6 +26,7 @@ the tests use), :class:`FakeGraphBackend` calls the function again at every repl
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
@@ -38,6 +40,7 @@ from torch.utils._pytree import tree_flatten
 from .profiling import prange
 
 _announced: set[str] = set()
+_log = logging.getLogger("seer_runtime")
 
 
 def say_once(message: str, *, stacklevel: int = 3) -> None:
@@ -203,7 +206,10 @@ def resolve_backend(graphs: Any, device: torch.device) -> GraphBackend | None:
     if graphs == "auto":
         if device.type == "cuda":
             return CudaGraphBackend()
-        say_once(f"steps run eagerly on {device} (CUDA graphs need a CUDA device)", stacklevel=4)
+        message = f"steps run eagerly on {device} (CUDA graphs need a CUDA device)"
+        if message not in _announced:
+            _announced.add(message)
+            _log.info(message)
         return None
     if graphs == "cuda":
         if device.type != "cuda":

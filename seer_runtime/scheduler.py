@@ -9,6 +9,11 @@ the windows found during the forward is planned here, then the rule commits the 
 forward the step makes its one device->host read: the rule's masks left and what each policy
 asks for, together (``batch.read_to_host``); the policies' window changes (Seer's guard: extend,
 re-decode) are applied here, and the rule may plan further steps (threshold decoding).
+
+Where a request ends: when its plan has no step left, or, with ``GenerationConfig.early_stop``,
+on the step that commits one of its end tokens with every earlier window position committed
+(:meth:`Scheduler.answer_complete`, read with the step's one read): its plan is cut there, no
+window change or rule re-plans it, and it leaves the batch's forwards.
 """
 
 from __future__ import annotations
@@ -16,7 +21,9 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from .batch import BatchState, read_to_host
+import torch
+
+from .batch import BatchState, is_end_token, read_to_host
 from .commit import CommitRule
 from .profiling import prange
 from .runner import Cut, ModelRunner
@@ -31,24 +38,32 @@ class Scheduler:
         self.state, self.runner, self.rule = state, runner, rule
         self.policies = tuple(policies)
         self.progress = progress
+        self._completing: list[int] | None = None  # the rows whose answer_complete the step reads
         state.plans = [rule.plan(state, b, state.width) for b in range(state.batch_size)]
         state.window.cut_pending = any(p.cuts_at_step0 for p in self.policies)
 
     def run(self) -> None:
-        """Every step, until no request has one left and no policy asks for more."""
+        """Every step, until no request has one left and no policy asks for more. The progress
+        bar counts denoising steps against the longest plan, which a cut or an early stop
+        shortens and Seer's guard or threshold decoding lengthens; it ends full."""
         bar = None
         if self.progress:
             from tqdm.auto import tqdm
 
-            bar = tqdm(total=max(p.steps for p in self.state.plans), desc="denoising", unit="step", leave=False)
+            bar = tqdm(total=self._planned_steps(), desc="denoising steps", unit="step", leave=False)
         step = 0
         while self.step(step):
             step += 1
             if bar is not None:
-                bar.total = max(bar.total, max(p.steps for p in self.state.plans))
+                bar.total = max(step, self._planned_steps())
                 bar.update(1)
         if bar is not None:
+            bar.total = bar.n = max(bar.n, 1)
+            bar.refresh()
             bar.close()
+
+    def _planned_steps(self) -> int:
+        return max(p.steps for p in self.state.plans)
 
     def release(self) -> None:
         """The call is over (returned or raised): its graphs, layouts' buffers, caches and the
@@ -82,9 +97,12 @@ class Scheduler:
                     state.window.cut_pending = False  # step 0 has cut what it cuts
                     for r in rows:
                         state.steps_done[r] += 1
+                    if state.gen.early_stop:
+                        self._completing = rows
                     self.runner.end_step(step)
             values = self.read(step)
             self.rule.after_read(state, step, values)
+            self.end_complete_answers(step, values)
             changed = False
             for p in self.policies:
                 changed |= self.apply(p.after_step(state, step, values), step)
@@ -112,12 +130,42 @@ class Scheduler:
         """The one device->host read of a step: the rule's counts and what each policy asks for
         (``Policy.step_reads``), concatenated and read together; nothing when nobody asks."""
         wanted = dict(self.rule.step_reads(self.state) or {})
+        if self._completing is not None:
+            wanted["answer_complete"] = self.answer_complete(self._completing)
         for p in self.policies:
             for name, value in (p.step_reads(self.state, step) or {}).items():
                 if name in wanted:
                     raise ValueError(f"step value {name!r} is asked for twice")
                 wanted[name] = value
         return dict(zip(wanted, read_to_host(list(wanted.values())))) if wanted else {}
+
+    # -- early stop --------------------------------------------------------------------------------
+    def answer_complete(self, rows: list[int]) -> torch.Tensor:
+        """bool ``[R]`` on the device: row ``rows[r]``'s live window holds an end token before its
+        first masked position (every position before the end token is committed, so no later
+        step can change the answer)."""
+        state = self.state
+        index = state.row_index(rows)
+        width = state.window.longest(rows)
+        window = state.tokens[index, :width]
+        live = state.window.live_mask(index, width)
+        positions = torch.arange(width, device=state.device).expand_as(window)
+        beyond = torch.full_like(positions, width)
+        first_mask = torch.where((window == state.token_ids.mask) & live, positions, beyond).amin(dim=1)
+        first_end = torch.where(is_end_token(window, state.token_ids.end_ids) & live, positions, beyond).amin(dim=1)
+        return first_end < first_mask
+
+    def end_complete_answers(self, step: int, values: dict[str, list[int]]) -> None:
+        """Early stop: the requests whose answer the step completed end after it (module docstring)."""
+        rows, self._completing = self._completing, None
+        if rows is None:
+            return
+        state = self.state
+        for b, complete in zip(rows, values["answer_complete"]):
+            if complete:
+                state.steps_saved[b] = self.rule.steps_left(state, b, step)
+                state.plans[b] = state.plans[b].keep_first(step + 1)
+                state.ended.add(b)
 
     # -- window changes ----------------------------------------------------------------------------
     def plan_cut(self, cut: Cut) -> None:
@@ -126,9 +174,12 @@ class Scheduler:
             self.state.plans[b] = self.rule.plan(self.state, b, self.state.window[b])
 
     def apply(self, changes: list[Extend | Redecode], step: int) -> bool:
-        """Window changes from step ``step`` on; True when one changed a plan."""
+        """Window changes from step ``step`` on; True when one changed a plan. A request early stop
+        ended keeps its window (its answer is complete)."""
         changed = False
         for change in changes:
+            if change.b in self.state.ended:
+                continue
             changed |= self.redecode(change.b, step) if isinstance(change, Redecode) else self.extend(
                 change.b, change.length, step)
         return changed

@@ -41,8 +41,13 @@ class CommitRule:
         """The step's read is in ``values``: the host's counts brought up to date."""
 
     def after_step(self, state: BatchState, step: int) -> bool:
-        """The step is over; True when the rule itself plans more steps (threshold decoding)."""
+        """The step is over; True when the rule itself plans more steps (threshold decoding).
+        A request in ``state.ended`` (early stop) is never planned again."""
         return False
+
+    def steps_left(self, state: BatchState, b: int, step: int) -> int:
+        """The steps request ``b``'s plan holds after step ``step`` (what ending it there saves)."""
+        return max(0, state.plans[b].steps - step - 1)
 
 
 def masks_left(state: BatchState, rows: list[int], window: torch.Tensor) -> torch.Tensor:

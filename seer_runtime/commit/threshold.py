@@ -61,10 +61,18 @@ class ThresholdRule(CommitRule):
         """Each request's next step works in the first block of its window that still holds a
         mask (none: the request is done); True while one has a step left."""
         for b in range(state.batch_size):
+            if b in state.ended:
+                continue
             head = state.plans[b].keep_first(step + 1)
             block = self.next_block(state, b)
             state.plans[b] = head if block is None else head.then(threshold_step(*block))
         return any(p.steps > step + 1 for p in state.plans)
+
+    def steps_left(self, state: BatchState, b: int, step: int) -> int:
+        """The blocks of request ``b``'s live window still holding masks: each needs at least one
+        more step (how many is the model's decision)."""
+        stop, block = state.window[b], state.gen.block
+        return sum(1 for start in range(0, stop, block) if state.window.masks.left(b, start, min(start + block, stop)))
 
     # -- the choice -------------------------------------------------------------------------------
     def _candidates(self, state: BatchState, rows: list[int], step: int) -> list[int] | None:

@@ -3,7 +3,7 @@ batch of four (images for LaViDa), and every mode the engine composes (baseline,
 DyLLM's attention modes, Seer+DyLLM, the router's static / packed paths after a fixed cut, with
 and without the prefix cache, Seer+router+DyLLM, CFG, confidence thresholds alone and with Seer,
 DyLLM and the block caches, every commit rule greedy - LLaDA's remasking strategies (random too),
-Dream's algorithms - and both tie-breaks)."""
+Dream's algorithms - both tie-breaks, and early stop at the end token)."""
 
 from __future__ import annotations
 
@@ -69,6 +69,11 @@ def modes(model):
         out["threshold+block_cache:prefix"] = (fast.replace(block_cache="prefix"), {})
         out["threshold+block_cache:dual"] = (fast.replace(block_cache="dual"), {"seer": SeerConfig(**seer)})
         out["block_cache:dual"] = (gen.replace(block_cache="dual"), {})
+    # early stop's check joins the step's one read (tests/runtime/test_early_stop.py: the answers)
+    out["early_stop"] = (gen.replace(early_stop=True), {})
+    out["early_stop+threshold+seer+dyllm"] = (fast.replace(early_stop=True), {"seer": SeerConfig(**seer),
+                                                                             "dyllm": DyLLMConfig(tau=0.999,
+                                                                                                  full_steps=2)})
     if model.family == "llada" and not model.is_multimodal:
         out["cfg"] = (gen.replace(cfg_scale=1.0), {})
         out["cfg+seer"] = (gen.replace(cfg_scale=1.0), {"seer": SeerConfig(**seer)})
