@@ -483,14 +483,17 @@ def partial_attention_reference(
     """Torch reference of :func:`partial_attention`: every sequence at once, padded.
 
     Sequence ``b``'s queries and keys are laid out ``[B, H, max_seqlen_q, d]`` and
-    ``[B, H, max_seqlen_k, d]`` (padding keys masked out of the softmax), so a whole forward is
-    a few batched matmuls. Non-salient rows take the salient columns of ``P`` only: each
-    sequence's salient keys are gathered into ``[B, max |A_b|]`` slots (empty slots hold 0).
+    ``[B, H, max_seqlen_k, d]`` (padding keys masked out of the softmax). One fused attention
+    pass (:func:`_attention_and_lse`; on the CPU torch's flash kernel, which never materialises
+    the scores) gives the exact rows and every row's log-sum-exp ``lse``; a non-salient row then
+    takes ``P[:, A] = exp(q k_A^T * scale - lse)`` at its sequence's salient keys only, gathered
+    into ``[B, max |A_b|]`` slots (empty slots hold 0): the ``P @ V`` work the algorithm saves.
     Computes in fp32 (fp64 when the inputs are fp64, which tests use as the exact answer) and
     returns ``q``'s dtype. Reads the count and each sequence's number of salient keys on the host
     (a sync on CUDA). With ``k_old``, the key correction uses the kernel's clamp and fallback
-    rule on the old scores, shifted by each row's max new score; the new and old salient scores
-    come from matmuls of the same shape, so ``k_old == k`` gives the plain update bit for bit.
+    rule on the old scores, shifted by each row's max new score (the scores are materialised
+    for that max: the correction is opt-in); the new and old salient scores come from matmuls
+    of the same shape, so ``k_old == k`` gives the plain update bit for bit.
     Raises ``ValueError`` when a sequence is longer than its ``max_seqlen``.
     """
     Tq, H, d = q.shape
@@ -525,32 +528,63 @@ def partial_attention_reference(
 
     qp = q[q_rows].to(cdt).transpose(1, 2)  # [B, H, mq, d]
     kp, vp = heads(k[k_rows]), heads(v[k_rows])  # [B, H, mk, d]
-    key_mask = k_valid[:, None, None, :]
-    scores = ((qp @ kp.transpose(-1, -2)) * scale).masked_fill(~key_mask, float("-inf"))  # [B, H, mq, mk]
-    probs = torch.softmax(scores, dim=-1)
     no_keys = (len_k == 0)[:, None, None, None]
-    if bool(no_keys.any()):  # the softmax over no key is NaN: exact rows 0, the others keep the cache
-        probs = probs.masked_fill(no_keys, 0.0)
+    exact, lse = _attention_and_lse(qp, kp, vp, k_valid, no_keys, scale)
     sal = salient_q_mask[q_rows] & q_valid
     if bool((sal | ~q_valid).all()):  # every row exact: no update to compute
-        result = probs @ vp
+        result = exact
     else:
         cache = ctx_cache[q_rows].to(cdt).transpose(1, 2)
         approx = _non_salient_rows(
-            qp, probs, scores, cache, k, v, delta_v, k_old, cu_k, salient_k_index, salient_k_count,
+            qp, kp, k_valid, lse, cache, k, v, delta_v, k_old, cu_k, salient_k_index, salient_k_count,
             scale=scale, heads=heads, no_keys=no_keys,
         )  # fmt: skip
-        result = torch.where(sal[:, None, :, None], probs @ vp, approx) if bool(sal.any()) else approx
+        result = torch.where(sal[:, None, :, None], exact, approx) if bool(sal.any()) else approx
     out[q_rows[q_valid]] = result.transpose(1, 2)[q_valid].to(out.dtype)
     return out
 
 
+def _attention_and_lse(
+    qp: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, k_valid: torch.Tensor, no_keys: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact attention ``[B, H, mq, d]`` of the padded layout and each row's log-sum-exp of its
+    scaled scores ``[B, H, mq, 1]`` over its sequence's keys (``k_valid`` ``[B, mk]``). A sequence
+    without keys gets 0 for both (its exact rows are 0; its rows take no salient column). On the
+    CPU torch's flash kernel computes both in one pass (the scores never materialised); elsewhere
+    the scores are (the reference's only use on a GPU is a test or the router's eager fallback)."""
+    batch, n_heads, mq, d = qp.shape
+    mk = kp.shape[2]
+    if mk == 0:
+        return qp.new_zeros(qp.shape), qp.new_zeros(batch, n_heads, mq, 1)
+    padded = not bool(k_valid.all())
+    if qp.device.type == "cpu":
+        bias = None
+        if padded:  # an additive mask of the inputs' dtype (the kernel refuses a bool one)
+            bias = qp.new_zeros(batch, 1, 1, mk).masked_fill_(~k_valid[:, None, None, :], float("-inf"))
+        exact, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            qp, kp, vp, 0.0, False, attn_mask=bias, scale=scale)
+        lse = lse.unsqueeze(-1)
+    else:
+        scores = (qp @ kp.transpose(-1, -2)) * scale
+        if padded:
+            scores = scores.masked_fill(~k_valid[:, None, None, :], float("-inf"))
+        lse = torch.logsumexp(scores, dim=-1, keepdim=True)
+        exact = torch.softmax(scores, dim=-1) @ vp
+    if bool(no_keys.any()):  # the softmax over no key is NaN
+        exact = exact.masked_fill(no_keys, 0.0)
+        lse = lse.masked_fill(no_keys, 0.0)
+    return exact, lse
+
+
 def _non_salient_rows(
-    qp, probs, scores, cache, k, v, delta_v, k_old, cu_k, salient_k_index, salient_k_count, *, scale, heads, no_keys
+    qp, kp, k_valid, lse, cache, k, v, delta_v, k_old, cu_k, salient_k_index, salient_k_count, *, scale, heads,
+    no_keys,
 ) -> torch.Tensor:
     """The reference's rows outside the salient set, ``[B, H, mq, d]``: the cache plus ``P`` at each
     sequence's salient columns times ``dV`` (gathered into ``[B, max |A_b|]`` slots, 0 in empty
-    ones), key-corrected with ``k_old``. ``heads`` lays ``[B, L, Hk, d]`` out as ``[B, H, L, d]``."""
+    ones; ``P = exp(s - lse)``, ``lse`` ``[B, H, mq, 1]`` each row's log-sum-exp), key-corrected
+    with ``k_old``. ``heads`` lays ``[B, L, Hk, d]`` out as ``[B, H, L, d]``; ``kp`` / ``k_valid``
+    (the padded keys and their mask) are read only for the key correction's row max."""
     batch, n_heads, mq, _ = qp.shape
     dev, cdt = qp.device, qp.dtype
     cap = salient_k_index.shape[0]
@@ -562,9 +596,9 @@ def _non_salient_rows(
     counts = torch.bincount(req, minlength=batch)
     slot = torch.arange(live.numel(), device=dev) - (counts.cumsum(0) - counts)[req]
     max_a = int(counts.max()) if live.numel() else 0
-    col = torch.zeros(batch, max_a, dtype=torch.int64, device=dev)  # each key's position in its sequence
+    if not max_a:  # no salient key in any sequence: every row keeps its cache
+        return cache
     a_mask = torch.zeros(batch, max_a, dtype=torch.bool, device=dev)
-    col[req, slot] = kidx - cu_k[req]
     a_mask[req, slot] = True
     empty_slots = ~a_mask[:, None, None, :]
 
@@ -575,16 +609,18 @@ def _non_salient_rows(
 
     # the P @ V work the algorithm saves: only A's columns of P
     dv_a = per_sequence(delta_v[live])
-    p_a = probs.gather(-1, col[:, None, None, :].expand(batch, n_heads, mq, max_a)).masked_fill(empty_slots, 0.0)
+    s_new_a = (qp @ per_sequence(k[kidx]).transpose(-1, -2)) * scale  # [B, H, mq, max_a]
+    p_a = torch.exp(s_new_a - lse).masked_fill(empty_slots, 0.0)
     approx = cache + p_a @ dv_a
-    if k_old is None or not max_a:
+    if k_old is None:
         return approx
-    m = scores.amax(dim=-1, keepdim=True).masked_fill(no_keys, 0.0)  # -inf without keys (and no salient key)
-    inv_l = probs.amax(dim=-1, keepdim=True)  # exp(0) / l: one over the row's sum of exp(s - m)
+    scores = (qp @ kp.transpose(-1, -2)) * scale
+    m = scores.masked_fill(~k_valid[:, None, None, :], float("-inf")).amax(dim=-1, keepdim=True)
+    m = m.masked_fill(no_keys, 0.0)  # -inf without keys (and no salient key)
+    inv_l = torch.exp(m - lse)  # one over the row's sum of exp(s - m)
     # new and old salient scores from matmuls of the same shape (equal keys give equal bits)
-    k_new_a, k_old_a = per_sequence(k[kidx]), per_sequence(k_old[live])
-    p_new_a = (torch.exp((qp @ k_new_a.transpose(-1, -2)) * scale - m) * inv_l).masked_fill(empty_slots, 0.0)
-    gap = ((qp @ k_old_a.transpose(-1, -2)) * scale - m).masked_fill(empty_slots, float("-inf"))
+    p_new_a = (torch.exp(s_new_a - m) * inv_l).masked_fill(empty_slots, 0.0)
+    gap = ((qp @ per_sequence(k_old[live]).transpose(-1, -2)) * scale - m).masked_fill(empty_slots, float("-inf"))
     return _key_corrected_update(approx, cache, p_new_a, gap, inv_l, per_sequence(v[kidx]) - dv_a)
 
 

@@ -14,8 +14,9 @@ corrected for the change of A's keys; or exact attention for every row), the new
 only (the others add their cached output). With ``tau > 1`` every row is salient and a sparse
 step computes what a dense one does.
 
-Without a prefix cache the prompt is fed only on steps with ``(t + 1) % prompt_period == 0`` (its K/V,
-context and FFN output come from the caches otherwise); with one the prompt is never fed. A
+Without a prefix cache the prompt is fed only on steps with ``(t + 1) % prompt_period == 0`` and the
+steps ``t < prompt_period`` (its K/V, context and FFN output come from the caches otherwise); with
+one the prompt is never fed. A
 forward runs dense while any of its requests has had fewer than ``full_steps`` dense forwards
 or has a window longer than its caches (Seer's guard grew it). Classifier-free guidance is not
 supported. Statistics: ``stats.extra["dyllm"]``, one record per forward (fed rows, per-layer

@@ -21,10 +21,12 @@ class DyLLMConfig(StoredConfig):
         makes every row salient (sparse steps then compute what dense steps compute; said by a
         UserWarning, since a typo for 0.x would otherwise silently cost all the savings).
     full_steps: warm-up steps computed in full (>= 1: the caches must be filled first).
-    prompt_period: without a prefix cache, the prompt is fed on the steps ``t`` (0-based) with
-        ``(t + 1) % prompt_period == 0`` and only the window on the others (1: always fed) - the
-        authors' phase: with the 1-based step count ``n = t + 1`` they feed the window alone when
-        ``n > full_steps and n % prompt_period != 0`` (t = 7, 11, 15, ... feed the prompt with 4 and 4).
+    prompt_period: without a prefix cache, a sparse step ``t`` (0-based) feeds the prompt when
+        ``(t + 1) % prompt_period == 0`` or ``t < prompt_period`` and only the window otherwise
+        (1: always fed) - the authors' phase: with the 1-based step count ``n = t + 1`` their
+        model runner feeds the window alone when ``n > 4 and n % 4 != 0`` (both 4s literal; read
+        here as the period), so with 4 full steps t = 7, 11, 15, ... feed the prompt, and with
+        fewer full steps so do the sparse steps of the first period.
     approx_attention: True (the default) approximates the rows outside the gating set from
         their cached context and the salient columns only (``partial_attention``); False gives
         every fed query row exact attention.

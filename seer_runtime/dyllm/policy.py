@@ -56,7 +56,7 @@ class DyLLMPolicy(Policy):
             mode = "full"
         elif state.prefix_cache:
             mode = "response"  # the prompt is in the prefix cache
-        elif (fwd.step + 1) % cfg.prompt_period == 0:  # the authors' phase (DyLLMConfig.prompt_period)
+        elif (fwd.step + 1) % cfg.prompt_period == 0 or fwd.step < cfg.prompt_period:  # the authors' phase
             mode = "prompt"
         else:
             mode = "response"

@@ -410,6 +410,18 @@ def test_response_only_steps_feed_only_the_window(kind):
     assert modes.count("prompt") == len([s for s in shapes if s >= 3 and (s + 1) % 4 == 0])
 
 
+def test_sparse_steps_of_the_first_period_feed_the_prompt():
+    """The authors' model runner feeds the window alone only when ``n > 4 and n % 4 != 0`` (n = t + 1):
+    with fewer warm-up steps than the period, the sparse steps before it feed the prompt too."""
+    model = tiny("llada-8b-instruct")
+    ids, mask, _ = batch(model)
+    out = generate(model, ids, attention_mask=mask, gen=gen_for(model, length=12),
+                   dyllm=DyLLMConfig(tau=0.999, full_steps=1, prompt_period=4))
+    modes = [r["mode"] for r in out.stats.extra["dyllm"]["steps"]]
+    assert modes == ["full", "prompt", "prompt", "prompt", "response", "response", "response", "prompt",
+                     "response", "response", "response", "prompt"]
+
+
 # ------------------------------------------------------------------------------------ composition
 @pytest.fixture
 def plant(monkeypatch):
