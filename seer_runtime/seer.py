@@ -53,6 +53,12 @@ class SeerConfig(StoredConfig):
     confirm_threshold: ``both``: a cut is confirmed when a surviving position reaches it
         (None -> ``eos_threshold``).
     guard / guard_mode: the over-truncation guard (``extend`` or ``redecode``).
+    slack: masked positions kept after the boundary: a request cut at ``L*`` keeps
+        ``min(gen_length, L* + slack)`` positions (decoded like the others, at the configured
+        rate: ``slack`` more steps and positions per step). 0 (the default) is the paper's cut. A
+        request with no boundary keeps the full window whatever the slack. With ``both``, the
+        confirmation looks at every kept position (the slack's too) and a tightened or
+        re-extended window gets the slack after its new boundary.
     """
 
     probe_layer: int = 3
@@ -68,6 +74,7 @@ class SeerConfig(StoredConfig):
     confirm_threshold: float | None = None
     guard: bool = True
     guard_mode: str = "extend"
+    slack: int = 0
 
     def __post_init__(self) -> None:
         check_int("probe_layer", self.probe_layer, minimum=0)
@@ -98,6 +105,7 @@ class SeerConfig(StoredConfig):
         check_bool("guard", self.guard)
         check(self.guard_mode in ("extend", "redecode"),
               f"guard_mode must be extend or redecode, got {self.guard_mode!r}")
+        check_int("slack", self.slack, minimum=0)
         if isinstance(self.eps, tuple):
             check(len(self.eps) == len(self.layers),
                   f"eps has {len(self.eps)} values for {len(self.layers)} probe layers")
@@ -167,8 +175,15 @@ class SeerPolicy(Policy):
             return _Probe(self, state)
         return None
 
+    def with_slack(self, state: BatchState, keep: int) -> int:
+        """The positions a window cut to ``keep`` keeps: ``slack`` more, at most the full window
+        (an uncut window, ``keep == width``, stays as it is)."""
+        return min(state.width, keep + self.config.slack)
+
     def cut(self, state: BatchState, keep: list[int], *, narrow_logits: bool = False) -> Cut:
-        """Request ``b`` keeps ``keep[b]`` positions from now on (the scheduler plans the shorter windows)."""
+        """Request ``b`` is cut to ``keep[b]`` positions (its boundary + 1, or the full window) and
+        keeps that many plus the slack from now on (the scheduler plans the shorter windows)."""
+        keep = [self.with_slack(state, k) for k in keep]
         self.keep_len = list(keep)
         self.cut_done = True
         return Cut(dict(enumerate(keep)), narrow_logits)
@@ -209,11 +224,11 @@ class SeerPolicy(Policy):
             j = hits[local]
             if j >= p_end.shape[1]:  # premature: no surviving position looks like an end
                 self.premature[b] += 1
-                self.pending[b] = nxt[0]
-            elif j + 1 < state.window[b]:
+                self.pending[b] = self.with_slack(state, nxt[0])
+            elif self.with_slack(state, max(j + 1, state.first_masked + 1)) < state.window[b]:
                 # an earlier surviving position already ends the answer: tighten to it
                 self.tightened[b] += 1
-                tightened[b] = self.keep_len[b] = max(j + 1, state.first_masked + 1)
+                tightened[b] = self.keep_len[b] = self.with_slack(state, max(j + 1, state.first_masked + 1))
                 self.boundary[b] = j
         return Cut(tightened) if tightened else None
 

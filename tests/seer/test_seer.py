@@ -10,7 +10,6 @@ import torch
 import seer_kernels
 from seer_runtime import GenerationConfig, LayerHook, Policy, generate
 from seer_runtime.evaluate import pad_left
-from seer_runtime.runner import ModelRunner
 from seer_runtime.seer import SeerConfig
 
 from ..tiny_models import tiny
@@ -18,58 +17,6 @@ from ..tiny_models import tiny
 pytestmark = [pytest.mark.seer]
 
 W = 12
-
-
-@pytest.fixture
-def scripted(monkeypatch):
-    """Make ``model.head`` emit a fixed window per request: answer, end-of-turn, EOS padding,
-    earlier positions more confident (so decoding goes left to right)."""
-    rows_of_forward = {}
-    original = ModelRunner._compute
-
-    def compute(self, fwd):  # remember which requests the forward's rows are
-        rows_of_forward["rows"] = fwd.rows
-        try:
-            return original(self, fwd)
-        finally:
-            rows_of_forward.pop("rows", None)
-
-    monkeypatch.setattr(ModelRunner, "_compute", compute)
-    return lambda model, answers: _scripted(model, answers, rows_of_forward)
-
-
-def _scripted(model, answers, rows_of_forward):
-    ids = model.token_ids
-
-    def head(hidden):
-        rows, length = hidden.shape[0], hidden.shape[1]
-        logits = torch.zeros(rows, length, model.vocab_size)
-        requests = rows_of_forward.get("rows", list(range(rows)))
-        for r in range(rows):
-            script = answers[requests[r]] + [ids.eot] + [ids.eos] * W
-            for j in range(length):
-                logits[r, j, script[j]] = 12.0 + 0.1 * (W - j)
-        return logits
-
-    model.head = head
-    return model
-
-
-@pytest.fixture
-def plant(monkeypatch):
-    """Replace the SNR scan with fixed lengths: plant(first=[...], later=[...])."""
-    def _plant(first, later=None):
-        calls = []
-
-        def fake(profile, valid_len, **kw):
-            calls.append((tuple(profile.shape), kw))
-            if kw.get("min_position", 1) > 1 and later is not None:
-                return torch.tensor(later[: profile.shape[0]], dtype=torch.int32)
-            return torch.tensor(first[: profile.shape[0]], dtype=torch.int32)
-
-        monkeypatch.setattr(seer_kernels, "snr_boundary", fake)
-        return calls
-    return _plant
 
 
 class LayerInputs(Policy):
