@@ -32,12 +32,20 @@ Tables printed (the JSON holds every request's record, so ``--report FILE`` repr
 4. **changed answers**: of the differing answers, how many are right in both, wrong in both,
    right->wrong and wrong->right.
 
+With ``--trace`` the requests are decoded again, untimed, with a recorder of every commit
+(:class:`CommitTrace`: the step, the position, the token, and from that step's logits the token's
+probability, the runner-up token's, and the confidence of the most confident other masked position
+of the block), and a fifth table says where each differing answer's decoding first parted from
+the baseline's (the first step whose commit differs, a different position or a different token)
+and how close the baseline's own choice was there against its choices everywhere (the margins).
+
 Run (the issue's screen, then the 500; ``--out`` is rewritten after every batch, ``--resume``
 continues a run from its file)::
 
     python -m bench.arith_seer_changes --requests 128 --out out/seer_changes_128.json \\
         seer seer,probe=sparsity seer,probe=both seer,slack=8 seer,eos_threshold=0.95
     python -m bench.arith_seer_changes --report out/seer_changes_128.json
+    python -m bench.arith_seer_changes --trace --requests 64 --out out/seer_trace_64.json seer seer,slack=16
 """
 
 from __future__ import annotations
@@ -55,6 +63,7 @@ from model_adapters.embedded.arith.tasks import score
 from seer_runtime import GenerationConfig, generate
 from seer_runtime.evaluate import pad_left
 from seer_runtime.files import check_output_path, write_json
+from seer_runtime.policy import Policy
 from seer_runtime.seer import SeerConfig
 from seer_runtime.significance import compare_answers
 
@@ -97,12 +106,58 @@ def parse_config(spec: str, *, shipped: SeerConfig, gen: GenerationConfig,
         raise ValueError(f"configuration {spec!r}: {exc}") from None
 
 
-def decode_batch(model, requests, gen: GenerationConfig, seer: SeerConfig | None, *, tokenizer, tasks) -> dict:
+class CommitTrace(Policy):
+    """Every commit of a ``generate`` call, per request: ``[step, position, token, p_token, p_second,
+    second_token, other_confidence]`` - the token's probability in that step's logits, the
+    runner-up token's probability and id at that position, and the highest confidence (top
+    probability) of the other positions of the block that were still masked (-1 when none).
+    Positions re-masked by Seer's re-decoding are not commits. Reads every forward's logits and
+    the tokens after every step (host copies): a measuring tool, never timed."""
+
+    name = "commit_trace"
+    replayable = False
+
+    def start(self, state, model) -> None:
+        self.before = state.tokens.clone()
+        self.seen: dict[int, tuple] = {}
+        self.commits: list[list[list]] = [[] for _ in range(state.batch_size)]
+
+    def on_logits(self, state, fwd, logits: torch.Tensor) -> None:
+        probs = torch.softmax(logits.float(), dim=-1)
+        top = probs.topk(2, dim=-1)
+        width = logits.shape[1]
+        for local, b in enumerate(fwd.rows):
+            plan = state.plans[b]
+            lo, hi = plan.block_starts[fwd.step], min(plan.block_ends[fwd.step], width)
+            masked = torch.zeros(width, dtype=torch.bool)
+            masked[lo:hi] = state.tokens[b, lo:hi].cpu() == state.token_ids.mask
+            self.seen[b] = (top.values[local].cpu(), top.indices[local].cpu(), masked)
+
+    def after_step(self, state, step: int, values) -> list:
+        now = state.tokens.cpu()
+        changed = (now != self.before) & (now != state.token_ids.mask)
+        for b, j in changed.nonzero().tolist():
+            p, tok, masked = self.seen[b]
+            others = masked.clone()
+            others[j] = False
+            other = float(p[others, 0].max()) if others.any() else -1.0
+            token = int(now[b, j])
+            p_token = float(p[j, 0]) if int(tok[j, 0]) == token else float("nan")
+            self.commits[b].append([step, j, token, p_token, float(p[j, 1]), int(tok[j, 1]), other])
+        self.before = now.clone()
+        self.seen.clear()
+        return []
+
+
+def decode_batch(model, requests, gen: GenerationConfig, seer: SeerConfig | None, *, tokenizer, tasks,
+                 trace: bool = False) -> dict:
     """One batch decoded by one configuration: its wall time, forwards, positions computed (the
-    batch's, padding included) and one record per request."""
+    batch's, padding included) and one record per request (with ``trace``, its commits too:
+    :class:`CommitTrace`)."""
     ids, mask = pad_left([r.prompt_ids for r in requests], model.token_ids.pad)
+    recorder = CommitTrace() if trace else None
     t0 = time.perf_counter()
-    out = generate(model, ids, attention_mask=mask, gen=gen, seer=seer)
+    out = generate(model, ids, attention_mask=mask, gen=gen, seer=seer, policies=[recorder] if trace else ())
     wall = time.perf_counter() - t0
     st = out.stats
     extra = st.extra.get("seer")
@@ -114,6 +169,8 @@ def decode_batch(model, requests, gen: GenerationConfig, seer: SeerConfig | None
         if extra is not None:
             rec.update(keep=extra["keep_len"][i], boundary=extra["boundary"][i], final_window=extra["final_window"][i],
                        guard_events=extra["guard_events"][i])
+        if trace:
+            rec["commits"] = recorder.commits[i]
         records.append(rec)
     return {"wall_s": wall, "nfe": st.nfe, "positions_computed": st.positions_computed, "records": records}
 
@@ -245,6 +302,71 @@ def changed_table(run: dict) -> str:
     return _table(["config", "differ", "both right", "both wrong", "right->wrong", "wrong->right"], rows)
 
 
+def _margin(commit: list) -> tuple[float, float]:
+    """(position margin, token margin) of one baseline commit: its confidence over the most
+    confident other masked position of its block, its token's probability over the runner-up's."""
+    _, _, _, p_token, p_second, _, other = commit
+    return (p_token - other if other >= 0 else float("nan")), p_token - p_second
+
+
+def divergence_table(run: dict) -> str | None:
+    """Where each differing answer's decoding first parted from the baseline's (module docstring);
+    None when the run holds no traces."""
+    base = _merge(run, "baseline")["records"]
+    if not base or "commits" not in base[0]:
+        return None
+    all_pos, all_tok = [], []
+    for b in base:  # the answer's commits (those after its end are near-certain padding: margins ~0 and ~1)
+        end = b["end"] if b["end"] >= 0 else run["window"]
+        for c in b["commits"]:
+            if c[1] >= end:
+                continue
+            pm, tm = _margin(c)
+            if pm == pm:
+                all_pos.append(pm)
+            all_tok.append(tm)
+    rows = [["baseline (every answer commit)", "", "", "", f"{_median(all_pos):.3f}", f"{_median(all_tok):.3f}",
+             f"{_share(all_pos, 0.05):.2f}", "", "", ""]]
+    for name in run["configs"]:
+        recs = _merge(run, name)["records"]
+        if not recs or "commits" not in recs[0]:
+            continue
+        by_pos = by_tok = runner_up = before_cut = 0
+        pos_m, tok_m, steps = [], [], []
+        differ = 0
+        for r, b in zip(recs, base):
+            if r["answer"] == b["answer"]:
+                continue
+            differ += 1
+            k = next((i for i, (x, y) in enumerate(zip(b["commits"], r["commits"])) if x[1:3] != y[1:3]), None)
+            if k is None:
+                continue
+            mine, theirs = b["commits"][k], r["commits"][k]
+            steps.append(mine[0])
+            pm, tm = _margin(mine)
+            if mine[1] != theirs[1]:
+                by_pos += 1
+                pos_m.append(pm)
+            else:
+                by_tok += 1
+                tok_m.append(tm)
+                runner_up += theirs[2] == mine[5]
+            keep = r.get("keep", run["window"])
+            before_cut += keep < run["window"] and min(mine[1], theirs[1]) // BLOCK_LENGTH < (keep - 1) // BLOCK_LENGTH
+        rows.append([name, differ, f"{by_pos} / {by_tok}", runner_up,
+                     f"{_median(pos_m):.3f}" if pos_m else "", f"{_median(tok_m):.3f}" if tok_m else "",
+                     f"{_share(pos_m + tok_m, 0.05):.2f}" if pos_m or tok_m else "", before_cut,
+                     _median(steps), differ - by_pos - by_tok])
+    head = ["config", "differ", "parted by position / token", "its token = base runner-up",
+            "median position margin", "median token margin", "share of margins < 0.05",
+            "before the cut's block", "median step", "no parting commit"]
+    return _table(head, rows)
+
+
+def _share(values: list[float], below: float) -> float:
+    return sum(v < below for v in values) / len(values) if values else float("nan")
+
+
 def _median(values: list[float]):
     if not values:
         return ""
@@ -263,6 +385,10 @@ def report(run: dict) -> dict:
           "(differ/requests (right->wrong/wrong->right)):\n" + distance_table(run))
     print("\nWhere the first differing token lies:\n" + first_difference_table(run))
     print("\nThe differing answers' verdicts:\n" + changed_table(run))
+    parted = divergence_table(run)
+    if parted is not None:
+        print("\nWhere the decoding first parted from the baseline's (the baseline's margins there, "
+              "against its margins at every commit):\n" + parted)
     return figures
 
 
@@ -277,6 +403,8 @@ def main(argv=None) -> dict:
     p.add_argument("--out", default=None, help="JSON written after every batch (every request's record)")
     p.add_argument("--resume", action="store_true", help="continue the run stored in --out")
     p.add_argument("--report", default=None, help="print the tables of a stored run and exit")
+    p.add_argument("--trace", action="store_true",
+                   help="record every commit (CommitTrace; slower, the wall times are not comparable)")
     args = p.parse_args(argv)
     if args.report:
         return report(json.loads(Path(args.report).read_text()))
@@ -293,12 +421,13 @@ def main(argv=None) -> dict:
         plans[name] = parse_config(name, shipped=shipped, gen=gen, threshold=args.threshold)
     out = check_output_path(args.out, option="--out") if args.out else None
     settings = {"requests": args.requests, "batch_size": args.batch_size, "threshold": args.threshold,
-                "configs": names, "window": gen.gen_length}
+                "configs": names, "window": gen.gen_length, "trace": args.trace}
     run = {**settings, "threads": args.threads, "shipped_seer": shipped.to_dict(), "batches": []}
     if args.resume:
         if out is None or not out.is_file():
             raise ValueError("--resume needs --out naming the file of the run to continue")
         stored = json.loads(out.read_text())
+        stored.setdefault("trace", False)  # a run stored before the option
         differs = {k: (stored.get(k), v) for k, v in settings.items() if stored.get(k) != v}
         if differs:
             raise ValueError(f"--resume: {out} was run with other settings (stored, asked): {differs}")
@@ -320,7 +449,7 @@ def main(argv=None) -> dict:
         for name in rotated:
             gen_of, seer = plans[name]
             batch[name] = decode_batch(model, part, gen_of, seer, tokenizer=tokenizer,
-                                       tasks=tasks[start: start + len(part)])
+                                       tasks=tasks[start: start + len(part)], trace=args.trace)
         run["batches"].append(batch)
         if out is not None:
             write_json(out, run, indent=None)
