@@ -363,6 +363,40 @@ def divergence_table(run: dict) -> str | None:
     return _table(head, rows)
 
 
+MARGINS = (1, 2, 4, 8)
+
+
+def margin_table(run: dict) -> str:
+    """A guard that re-decodes on the full window every answer whose end token lies within ``m``
+    positions of its cut (``final window - 1 - end < m``), simulated from the recorded decodes: such a
+    request's answer becomes the baseline's (a re-decode on the full window is the baseline's
+    decoding: the uncut rows of a cut batch equal the baseline's, table 2's ``uncut`` column) and
+    costs the full window's forwards on top of those it ran. Not run: what the option would give."""
+    base = _merge(run, "baseline")["records"]
+    n = len(base)
+    window = run["window"]
+    rows = []
+    for name in run["configs"]:
+        recs = _merge(run, name)["records"]
+        if not recs or "keep" not in recs[0] or name.endswith(THRESHOLD_SUFFIX):
+            continue
+        for m in MARGINS:
+            # the final window (a guard's re-decode already holds the full one) and its end token
+            hit = [r["final_window"] < window and 0 <= r["end"] and r["final_window"] - 1 - r["end"] < m
+                   for r in recs]
+            verdicts = [b["right"] if h else r["right"] for r, b, h in zip(recs, base, hit)]
+            cmp = compare_answers([b["right"] for b in base], verdicts)
+            over = sum(h and r["keep"] < (b["end"] if b["end"] >= 0 else window) + 1
+                       for r, b, h in zip(recs, base, hit))
+            fixed = sum(h and r["answer"] != b["answer"] for r, b, h in zip(recs, base, hit))
+            added = sum(b["steps"] for b, h in zip(base, hit) if h) / n
+            rows.append([f"{name}, margin {m}", sum(hit), over, fixed, f"{cmp.accuracy:.3f}",
+                         f"{cmp.right_to_wrong} / {cmp.wrong_to_right}", f"{cmp.p_value:.3g}", f"+{added:.1f}"])
+    head = ["config", "re-decoded", "of them over-truncated", "of them differing", "accuracy", "r->w / w->r",
+            "McNemar p", "forwards/req added"]
+    return _table(head, rows)
+
+
 def _share(values: list[float], below: float) -> float:
     return sum(v < below for v in values) / len(values) if values else float("nan")
 
@@ -385,6 +419,8 @@ def report(run: dict) -> dict:
           "(differ/requests (right->wrong/wrong->right)):\n" + distance_table(run))
     print("\nWhere the first differing token lies:\n" + first_difference_table(run))
     print("\nThe differing answers' verdicts:\n" + changed_table(run))
+    print("\nA guard re-decoding answers that end within m positions of the cut, simulated (not run):\n"
+          + margin_table(run))
     parted = divergence_table(run)
     if parted is not None:
         print("\nWhere the decoding first parted from the baseline's (the baseline's margins there, "
