@@ -13,10 +13,15 @@ on the full window); ``"both"`` (the sparsity cut, then checked by the end proba
 surviving positions: none looks like an end -> premature, re-extended to the next boundary;
 an earlier one does -> tightened to it).
 
-After a cut the configured tokens-per-step rate is kept (``plans``). The over-truncation guard:
-a window fully decoded with no end token may have lost its tail; ``guard_mode="extend"``
-doubles it (up to ``gen_length``) with fresh masks, ``"redecode"`` restarts it on the full
-window. Every event is counted per request in ``stats.extra["seer"]``.
+A cut window keeps ``SeerConfig.slack`` masked positions after ``L*`` (default 0, the paper's
+cut). A cut changes answers that end well inside it: the answer positions no longer attend to the
+masked suffix the baseline's window holds, and the low-confidence ranking of near-tied positions
+moves (bench/RESULTS.md, "Where Seer changes answers"); a slack gives part of that context back,
+at its cost in steps and positions. After a cut the configured tokens-per-step rate is kept
+(``plans``). The over-truncation guard: a window fully decoded with no end token may have lost
+its tail; ``guard_mode="extend"`` doubles it (up to ``gen_length``) with fresh masks,
+``"redecode"`` restarts it on the full window. Every event is counted per request in
+``stats.extra["seer"]``.
 """
 
 from __future__ import annotations
