@@ -26,8 +26,10 @@ from ..request_files import CALIBRATION_REQUEST, TEXT_CALIBRATION_REQUEST, read_
 from ..seer import SeerConfig
 from .progress import CommandProgress
 
-#: the embedded models ``--workload`` names (the model layer's ``embedded(workload)`` serves each)
+#: the embedded models ``--workload`` names (the model layer's ``embedded(workload)`` serves each);
+#: ``--model`` takes the same names (and ``embedded``, the demo model's directory name)
 EMBEDDED_WORKLOADS = ("demo", "arith")
+EMBEDDED_ALIASES = {"embedded": "demo"}
 
 #: --dtype choices -> torch dtypes (None: the checkpoint's own)
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, None: None}
@@ -66,6 +68,40 @@ def path_text(text: str) -> str:
     return text
 
 
+def embedded_model_dir(name: str) -> Path | None:
+    """The directory of the embedded model ``name`` names (``demo`` or ``embedded``, ``arith``), None
+    for any other name."""
+    workload = EMBEDDED_ALIASES.get(name, name)
+    if workload not in EMBEDDED_WORKLOADS:
+        return None
+    return Path(model_services().embedded(workload).MODEL_DIR)
+
+
+def model_path(text: str) -> str:
+    """argparse type of ``--model``: a checkpoint directory, or an embedded model by name (``demo``
+    - also ``embedded`` - or ``arith``: the ``--workload`` names) from any working directory; a
+    directory of that name in the working directory wins over the embedded model."""
+    text = path_text(text)
+    if not Path(text).exists():
+        found = embedded_model_dir(text.strip())
+        if found is not None:
+            return str(found)
+    return text
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` with each option's default after its help, unless the option is a flag, its default
+    is None (no value of its own: the help says what happens without it) or the help states it."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        flag = isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction, argparse._VersionAction))
+        if (flag or not action.option_strings or action.default in (None, argparse.SUPPRESS)
+                or "%(default)" in text or "default" in text):
+            return text
+        return text + " (default: %(default)s)"
+
+
 def positive_int(text: str) -> int:
     """argparse type: an int >= 1 (anything else exits with status 2, naming the option)."""
     try:
@@ -90,8 +126,9 @@ def device_name(text: str) -> str:
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dtype", default=None, choices=[k for k in DTYPES if k])
-    p.add_argument("--device", default="cpu", type=device_name)
+    p.add_argument("--dtype", default=None, choices=[k for k in DTYPES if k],
+                   help="the weights' dtype once loaded (default: the checkpoint's own; the embedded models: float32)")
+    p.add_argument("--device", default="cpu", type=device_name, help="where the model runs: cpu, cuda, cuda:1, ...")
     p.add_argument("--chat-template", default=None, type=path_text,
                    help="the prompt template, instead of the checkpoint's own (its chat_template.jinja, or the "
                         "chat_template of its tokenizer_config.json): a jinja2 file, or a family template by name "
@@ -113,32 +150,50 @@ def checkpoint_generation_fields(path: str | Path) -> dict:
 
 
 def add_generation_options(p: argparse.ArgumentParser, *, with_policies: bool = True) -> None:
-    g = p.add_argument_group("generation")
-    g.add_argument("--gen-length", type=int, default=None, help="response window (default: 128, or the JSON's)")
-    g.add_argument("--steps", type=int, default=None, help="denoising steps (default: gen_length)")
-    g.add_argument("--block-length", type=int, default=None, help="semi-autoregressive block (LLaDA family)")
-    g.add_argument("--temperature", type=float, default=None, help="0 = argmax (default)")
-    g.add_argument("--remasking", default=None, help="LLaDA family: low_confidence|random|margin|entropy")
-    g.add_argument("--alg", default=None, help="Dream family: origin|maskgit_plus|topk_margin|entropy")
-    g.add_argument("--cfg-scale", type=float, default=None, help="classifier-free guidance scale (LLaDA family)")
-    g.add_argument("--schedule", default=None, help="shift|cosine|logit_normal|uniform (LaViDa)")
-    g.add_argument("--step-ratio", type=float, default=None, help="LaViDa: steps per block scaled by this ratio (0, 1]")
-    g.add_argument("--prefix-cache", dest="prefix_cache", action="store_true", default=None)
-    g.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false")
+    g = p.add_argument_group("generation", f"GenerationConfig fields; each defaults to the checkpoint's "
+                                           f"{GENERATION_FILE}, then --gen-json, then the library's default")
+    g.add_argument("--gen-length", type=int, default=None,
+                   help="response window in positions (default: the checkpoint's, else 128; the embedded models: "
+                        "demo 32, arith 128)")
+    g.add_argument("--steps", type=int, default=None,
+                   help="denoising steps (default: the checkpoint's, else gen_length)")
+    g.add_argument("--block-length", type=int, default=None,
+                   help="semi-autoregressive block, LLaDA family (default: the checkpoint's, else gen_length)")
+    g.add_argument("--temperature", type=float, default=None, help="0 = argmax (default: the checkpoint's, else 0)")
+    g.add_argument("--remasking", default=None,
+                   help="LLaDA family: low_confidence|random|margin|entropy (default: the checkpoint's, else "
+                        "low_confidence)")
+    g.add_argument("--alg", default=None,
+                   help="Dream family: origin|maskgit_plus|topk_margin|entropy (default: the checkpoint's, else "
+                        "origin)")
+    g.add_argument("--cfg-scale", type=float, default=None,
+                   help="classifier-free guidance scale, LLaDA family (default: the checkpoint's, else 0: none)")
+    g.add_argument("--schedule", default=None,
+                   help="LaViDa: shift|cosine|logit_normal|uniform (default: the checkpoint's, else the family's "
+                        "linear rule)")
+    g.add_argument("--step-ratio", type=float, default=None,
+                   help="LaViDa: steps per block scaled by this ratio (0, 1] (default: the checkpoint's, else none)")
+    g.add_argument("--prefix-cache", dest="prefix_cache", action="store_true", default=None,
+                   help="compute the prompt's K/V once and reuse it every step (default: the checkpoint's setting; "
+                        "on for LaViDa models)")
+    g.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
+                   help="feed the prompt to every forward (the reference generators' way)")
     g.add_argument("--threshold", type=float, default=None,
                    help="confidence-threshold parallel decoding (0, 1], e.g. 0.9 (Fast-dLLM's): the step count "
-                        "follows the model")
+                        "follows the model (default: off, a fixed count per step)")
     g.add_argument("--block-cache", default=None, choices=["prefix", "dual"],
-                   help="Fast-dLLM's block K/V cache (LLaDA family)")
-    g.add_argument("--gen-json", default=None, type=path_text, help="a JSON file of GenerationConfig fields")
+                   help="Fast-dLLM's block K/V cache, LLaDA family (default: none)")
+    g.add_argument("--gen-json", default=None, type=path_text,
+                   help="a JSON file of GenerationConfig fields, over the checkpoint's and under the options given")
     if not with_policies:
         return
     g.add_argument("--seer", default=None, type=path_text,
-                   help="a SeerConfig JSON file (from `seer calibrate`) to cut the window")
+                   help="a SeerConfig JSON file (from `seer calibrate`; the embedded models ship theirs as "
+                        "seer_config.json) to cut the window at step 0 (default: no cut)")
     g.add_argument("--dyllm", default=None, type=path_text,
-                   help="a DyLLMConfig JSON file (from `seer calibrate-dyllm`), or 'default' (the paper's "
-                        "settings: the family's tau, 4 warm-up steps, prompt every 4th step; partial attention "
-                        "corrected for the salient keys' change)")
+                   help="a DyLLMConfig JSON file (from `seer calibrate-dyllm`; the embedded models ship theirs as "
+                        "dyllm_config.json), or 'default' (the authors' settings: the family's tau, 4 dense warm-up "
+                        "steps, the prompt fed every 4th step, their partial attention) (default: off)")
 
 
 def generation_config(args, checkpoint: str | Path | None = None) -> GenerationConfig:
@@ -178,8 +233,9 @@ def policies(args, model, files: tuple | None = None) -> tuple[SeerConfig | None
 
 def add_calibration_inputs(p: argparse.ArgumentParser) -> None:
     """The options both calibrate commands read their requests with (:func:`load_calibration_inputs`)."""
-    p.add_argument("--model", default=None, type=path_text,
-                   help="a local checkpoint with its tokenizer.json (default: the embedded model); needs --data")
+    p.add_argument("--model", default=None, type=model_path,
+                   help="a local checkpoint with its tokenizer.json, or an embedded model by name (demo, arith); "
+                        "needs --data (default: the embedded model --workload names, with its calibration split)")
     p.add_argument("--workload", default=None, choices=EMBEDDED_WORKLOADS,
                    help="without --model: which embedded model and calibration split (default: demo); "
                         "an error with --model")

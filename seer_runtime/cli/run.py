@@ -31,6 +31,7 @@ from .options import (
     add_model_options,
     checkpoint_generation_fields,
     generation_config,
+    model_path,
     positive_int,
 )
 
@@ -49,7 +50,9 @@ def positive_seconds(text: str) -> float:
 def add_parsers(sub) -> None:
     p = sub.add_parser("run", help="answer a JSONL file of requests (sharded over torchrun / accelerate ranks, "
                                    "resumable)")
-    p.add_argument("--model", required=True, help="a local Hugging Face directory (config.json + safetensors)")
+    p.add_argument("--model", required=True, type=model_path,
+                   help="a local Hugging Face directory (config.json + safetensors), or an embedded model by name "
+                        "(demo, arith)")
     p.add_argument("--input", required=True,
                    help="JSONL, one request per line: prompt, optional image (a path relative to the file), "
                         "optional options (GenerationConfig fields), optional id")

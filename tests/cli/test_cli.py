@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -35,14 +36,51 @@ def test_entry_point_finds_the_model_layer():
     assert svc.load_model is ma.load_model
 
 
+def summary_of(err: str) -> dict[str, str]:
+    """``seer generate``'s summary on stderr as {label: text} (the aligned ``label  text`` lines)."""
+    rows = {}
+    for line in err.splitlines():
+        label, sep, text = line.partition("  ")
+        if sep and label and not label.startswith(" ") and "\r" not in line:
+            rows[label] = text.strip()
+    return rows
+
+
 def test_generate_prints_the_answer_and_statistics(tmp_path, capsys):
     write_checkpoint(tmp_path)
     rc = main(["generate", "--model", str(tmp_path), "--prompt", "w1 w2 w3", "--gen-length", "8", "--steps", "8",
                "--block-length", "4"])
     captured = capsys.readouterr()
     assert rc == 0
-    assert "[stats] NFE 8  steps 8" in captured.err
+    rows = summary_of(captured.err)
+    assert rows["forwards"] == "8 (NFE; 8 denoising steps)"
+    # a tiny llada without a prefix cache: 8 forwards of the templated prompt + 8 window positions, every layer
+    prompt = len(model_services().load_tokenizer(tmp_path).encode_prompt("w1 w2 w3"))
+    layers = ma.load_model(tmp_path).num_layers
+    assert rows["work"] == f"{8 * (prompt + 8) * layers:,} positions computed (positions x layers)"
+    assert rows["answer"].endswith("tokens/s)") and "decoding" in rows and "time" in rows
+    assert "{" not in captured.err  # no raw dict
     assert captured.out.strip() == "" or captured.out.split()[0].startswith("w")
+
+
+def test_generate_stats_json_holds_every_statistic(tmp_path, capsys):
+    """``--stats json``: one JSON object on stdout (the answer, the configuration, every figure of
+    ``GenerationStats`` with the policies' reports), nothing but the progress bar on stderr."""
+    write_checkpoint(tmp_path)
+    rc = main(["generate", "--model", str(tmp_path), "--prompt", "w1 w2", "--gen-length", "8", "--dyllm", "default",
+               "--stats", "json"])
+    captured = capsys.readouterr()
+    assert rc == 0
+    doc = json.loads(captured.out)
+    st = doc["stats"]
+    assert set(doc) == {"answer", "answer_tokens", "complete", "chat_template", "generation", "stats"}
+    assert doc["generation"]["gen_length"] == 8 and st["nfe"] == 8  # no prefix cache: no prefill
+    assert st["positions_computed"] == st["extra"]["dyllm"]["positions_computed"] <= st["positions_computed_dense"]
+    assert len(st["extra"]["dyllm"]["steps"]) == 8  # DyLLM's record per forward: there, not on the terminal
+    assert "positions computed" not in captured.err
+    rc = main(["generate", "--model", str(tmp_path), "--prompt", "w1 w2", "--gen-length", "8", "--stats", "none"])
+    captured = capsys.readouterr()
+    assert rc == 0 and "positions computed" not in captured.err and len(captured.out.splitlines()) == 1
 
 
 def test_generate_with_a_seer_config_and_bad_options(tmp_path, capsys):
@@ -50,7 +88,9 @@ def test_generate_with_a_seer_config_and_bad_options(tmp_path, capsys):
     seer = tmp_path / "seer.json"
     seer.write_text(json.dumps({"probe_layer": 1, "eps": 0.01, "probe": "sparsity"}))
     rc = main(["generate", "--model", str(tmp_path), "--prompt", "w1", "--gen-length", "8", "--seer", str(seer)])
-    assert rc == 0 and "[stats] seer:" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert rc == 0 and summary_of(err)["seer"].startswith("kept ") and " of 8 window positions after step 0" in err
+    assert "{" not in err
     rc = main(["generate", "--model", str(tmp_path), "--prompt", "w1", "--gen-length", "10", "--block-length", "4"])
     assert rc == 2 and "gen_length (10) must be divisible by block_length (4)" in capsys.readouterr().err
     rc = main(["generate", "--model", str(tmp_path), "--prompt", "w1", "--image", "x.png"])
@@ -70,11 +110,12 @@ def test_generate_with_dyllm(tmp_path, capsys, choice):
     rc = main(["generate", "--model", str(tmp_path), "--prompt", "w1 w2", "--gen-length", "8", "--dyllm", choice])
     err = capsys.readouterr().err
     assert rc == 0
-    line = next(x for x in err.splitlines() if x.startswith("[stats] dyllm:"))
+    rows = summary_of(err)
+    assert "positions computed (positions x layers)" in rows["work"] and "{" not in err
     if choice == "default":
-        assert "'tau': 0.99" in line and "'approx_attention': True" in line and "'full_steps': 4" in line
+        assert rows["dyllm"].startswith("4 dense forwards, 4 sparse") and rows["dyllm"].endswith("(tau 0.99)")
     else:
-        assert "'tau': 0.98" in line and "'approx_attention': False" in line and "'full_steps': 2" in line
+        assert rows["dyllm"].startswith("2 dense forwards, 6 sparse") and rows["dyllm"].endswith("(tau 0.98)")
 
 
 def test_generate_with_an_image_on_a_lavida_checkpoint(tmp_path, capsys):
@@ -84,7 +125,7 @@ def test_generate_with_an_image_on_a_lavida_checkpoint(tmp_path, capsys):
     Image.new("RGB", (50, 40), (10, 200, 30)).save(tmp_path / "img.png")
     rc = main(["generate", "--model", str(tmp_path), "--prompt", "w7 w8", "--image", str(tmp_path / "img.png"),
                "--gen-length", "4"])
-    assert rc == 0 and "[stats] NFE 5" in capsys.readouterr().err  # prefill + 4 steps (prefix cache)
+    assert rc == 0 and summary_of(capsys.readouterr().err)["forwards"].startswith("5 (NFE")  # prefill + 4 steps
 
 
 def checkpoint_and_requests(tmp_path, n):
@@ -143,3 +184,50 @@ def test_calibrate_dyllm_a_checkpoint_from_jsonl(tmp_path, capsys):
     assert json.loads(out.read_text())["calibration"]["within_tolerance"] is False
     rc = main(["calibrate-dyllm", "--model", str(ckpt), "--data", str(data), "--max-drop", "1.5"])
     assert rc == 2 and "max_drop must be a number in [0, 1)" in capsys.readouterr().err
+
+
+def test_generate_on_an_embedded_model_by_name_from_any_directory(tmp_path, monkeypatch, capsys):
+    """``--model demo`` (the ``--workload`` name; ``embedded`` too) from a directory that is not the
+    repository's: the shipped model answers, and DyLLM's reused rows show in the one work figure."""
+    monkeypatch.chdir(tmp_path)
+    rc = main(["generate", "--model", "demo", "--prompt", "count to fourteen", "--dyllm", "default"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    assert captured.out.strip() == "one two three four five six seven eight nine ten eleven twelve thirteen fourteen"
+    rows = summary_of(captured.err)
+    computed, dense = (int(x.replace(",", "")) for x in re.findall(r"([\d,]+) (?:positions computed|dense)",
+                                                                    rows["work"]))
+    assert f"{dense - computed:,} reused by DyLLM" in rows["work"] and computed < dense
+    assert rows["answer"].startswith("14 tokens in ") and rows["dyllm"].startswith("4 dense forwards, 28 sparse")
+    (tmp_path / "demo").mkdir()  # a directory of that name here wins over the embedded model
+    rc = main(["generate", "--model", "demo", "--prompt", "count to fourteen"])
+    assert rc == 2 and "demo" in capsys.readouterr().err
+
+
+def test_every_option_of_every_command_has_help_and_its_default(capsys):
+    """``seer COMMAND --help`` for every command: every option has help; an option with a default
+    value shows it; ``seer --version`` prints the installed package's."""
+    import argparse
+    from importlib.metadata import version
+
+    from seer_runtime.cli import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert set(commands) == {"generate", "run", "demo", "calibrate", "calibrate-dyllm"}
+    for name, command in commands.items():
+        text = command.format_help()
+        for action in command._actions:
+            if not action.option_strings:
+                continue
+            assert action.help and action.help.strip(), f"seer {name} {action.option_strings[0]} has no help"
+            shown = action.default not in (None, argparse.SUPPRESS) and not isinstance(
+                action, (argparse._StoreTrueAction, argparse._StoreFalseAction, argparse._HelpAction))
+            if shown:
+                default = action.default if not isinstance(action.default, list) else action.default[0]
+                assert "default" in command._get_formatter()._get_help_string(action), (name, action.option_strings)
+                forms = {str(default), f"{default:g}" if isinstance(default, float) else str(default)}
+                assert any(f in " ".join(text.split()) for f in forms), (name, action.option_strings, default)
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.strip() == f"seer {version('seer')}"
