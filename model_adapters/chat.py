@@ -19,11 +19,17 @@ templates below (:data:`FAMILY_TEMPLATES`) are used only when asked for by name
 
 An image goes where the content says ``<image>`` (LLaVA's convention; a question without one
 gets ``<image>\\n`` in front of it); it encodes to ``IMAGE_TOKEN_INDEX`` (-200).
+
+A prompt with words the tokenizer reads as its unknown token (a word-level vocabulary such as the
+embedded models': "Count to fourteen." has "Count" and "." outside it) warns once per prompt,
+naming the words (:class:`UnknownWordsWarning`, :func:`unknown_words`); a byte-level tokenizer
+never has such words.
 """
 
 from __future__ import annotations
 
 import json
+import warnings
 from datetime import datetime
 from pathlib import Path
 
@@ -73,6 +79,42 @@ FAMILY_TEMPLATES = {
     "lavida-llada": _with_system(_LLADA_FORMAT, LAVIDA_SYSTEM_PROMPT),
     "lavida-dream": "{%- set default_system = " + json.dumps(LAVIDA_SYSTEM_PROMPT) + " -%}" + _CHATML_FORMAT,
 }
+
+
+class UnknownWordsWarning(UserWarning):
+    """A prompt has words its tokenizer reads as the unknown token (the model sees no word there)."""
+
+
+def unknown_words(tokenizer, text: str) -> list[str]:
+    """The distinct pieces of ``text`` (in order) that the ``tokenizers.Tokenizer`` encodes to its
+    unknown token ([] for a tokenizer without one, or ``text`` without such pieces)."""
+    model = getattr(tokenizer, "model", None)
+    unk = getattr(model, "unk_token", None)
+    unk_id = tokenizer.token_to_id(unk) if isinstance(unk, str) else None
+    if unk_id is None or not text:
+        return []
+    found: list[str] = []
+    for piece in text.split(IMAGE_MARKER):
+        encoding = tokenizer.encode(piece, add_special_tokens=False)
+        for token_id, (start, end) in zip(encoding.ids, encoding.offsets):
+            word = piece[start:end]
+            if token_id == unk_id and word not in found:
+                found.append(word)
+    return found
+
+
+def warn_unknown_words(tokenizer, text: str, *, stacklevel: int = 3) -> list[str]:
+    """One :class:`UnknownWordsWarning` naming the words of ``text`` outside the vocabulary (with the
+    lower-case form where the vocabulary has that instead); returns them ([]: nothing said)."""
+    words = unknown_words(tokenizer, text)
+    if words:
+        vocab = tokenizer.get_vocab()
+        named = ", ".join(repr(w) + (f" (the vocabulary has {w.lower()!r})" if w.lower() in vocab and w.lower() != w
+                                     else "") for w in words)
+        warnings.warn(f"the prompt {text!r} has {len(words)} word(s) outside the tokenizer's vocabulary, read as the "
+                      f"unknown token: {named}; the answer may not be about them", UnknownWordsWarning,
+                      stacklevel=stacklevel)
+    return words
 
 
 class TemplateRaised(ValueError):
@@ -264,11 +306,13 @@ class ChatTokenizer:
         """The chat-templated prompt of one user turn; with an image, -200 marks where its features go.
 
         Raises ``ValueError`` for an empty (or whitespace) question, and naming the template's
-        source when its rendering leaves the question out or encodes to no tokens."""
+        source when its rendering leaves the question out or encodes to no tokens. Warns once
+        (:class:`UnknownWordsWarning`) naming the question's words outside the vocabulary."""
         if not isinstance(question, str):
             raise TypeError(f"question must be a str, got {type(question).__name__}")
         if not question.strip():
             raise ValueError(f"question must be a non-empty string, got {question!r}")
+        warn_unknown_words(self.tokenizer, question)
         content = IMAGE_MARKER + "\n" + question if with_image and IMAGE_MARKER not in question else question
         text = self.apply_chat_template([{"role": "user", "content": content}])
         if question.strip() not in text:  # a template that never reads messages answers nothing asked

@@ -39,6 +39,32 @@ SPECIAL_TOKENS = [UNK, BOS, EOS, MASK, START_HEADER, END_HEADER, EOT]
 IMAGE_MARKER = "<image>"
 
 
+#: the file beside the weights that carries the tokenizer's roles and the chat template (as Hugging Face's)
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+
+
+def tokenizer_config(max_length: int) -> dict:
+    """What an embedded model's ``tokenizer_config.json`` holds: the special tokens' roles and LLaDA's
+    chat template (``model_adapters.chat.FAMILY_TEMPLATES["llada"]``, which renders the prompt
+    :meth:`EmbeddedTokenizer.chat_prompt` builds: the word-level tokenizer drops its newlines), so
+    that ``seer generate`` and ``model_adapters.services.load_tokenizer`` read the model's own
+    template. max_length: the model's ``max_sequence_length`` (prompt and window)."""
+    from model_adapters.chat import FAMILY_TEMPLATES
+
+    return {"add_bos_token": False, "add_eos_token": False, "bos_token": BOS, "eos_token": EOS, "pad_token": EOS,
+            "unk_token": UNK, "mask_token": MASK, "model_max_length": int(max_length),
+            "tokenizer_class": "PreTrainedTokenizerFast", "chat_template": FAMILY_TEMPLATES["llada"]}
+
+
+def write_tokenizer_config(folder: str | Path, max_length: int) -> Path:
+    """Write :func:`tokenizer_config` into ``folder`` (what the trainer ships beside the weights)."""
+    import json
+
+    path = Path(folder) / TOKENIZER_CONFIG_FILE
+    path.write_text(json.dumps(tokenizer_config(max_length), indent=2) + "\n")
+    return path
+
+
 def build_tokenizer(words: list[str] | None = None):
     """The word-level ``tokenizers.Tokenizer``: special tokens (ids 0..6) then the task words.
 
@@ -121,8 +147,12 @@ class EmbeddedTokenizer:
         """Prompt ids: BOS, user header, [-200], question, end of turn, assistant header.
 
         with_image: put the image placeholder before the question (unless the question already
-        holds ``<image>``).
+        holds ``<image>``). Warns once (``model_adapters.chat.UnknownWordsWarning``) naming the
+        question's words outside the vocabulary (they encode to ``<unk>``).
         """
+        from model_adapters.chat import warn_unknown_words
+
+        warn_unknown_words(self.tokenizer, question)
         content = self.encode(question)
         if with_image and IMAGE_TOKEN_INDEX not in content:
             content = [IMAGE_TOKEN_INDEX] + content
@@ -165,4 +195,5 @@ def load_embedded(dtype: torch.dtype | None = None, device: str | torch.device =
     return model, EmbeddedTokenizer(folder / "tokenizer.json")
 
 
-__all__ = ["EMBEDDED_DIR", "RESPONSE_WINDOW", "EmbeddedTokenizer", "build_tokenizer", "load_embedded"]
+__all__ = ["EMBEDDED_DIR", "RESPONSE_WINDOW", "TOKENIZER_CONFIG_FILE", "EmbeddedTokenizer", "build_tokenizer",
+           "load_embedded", "tokenizer_config", "write_tokenizer_config"]

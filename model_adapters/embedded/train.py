@@ -67,7 +67,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from . import EMBEDDED_DIR, RESPONSE_WINDOW, EmbeddedTokenizer, build_tokenizer
+from . import EMBEDDED_DIR, RESPONSE_WINDOW, EmbeddedTokenizer, build_tokenizer, write_tokenizer_config
 from .tasks import HELDOUT_SEED, IMAGE_SIZE, RequestStream, TaskRequest, make_requests
 
 # Optimizer steps per reference minute (1 thread on a shared 2-core AMD EPYC, batch 48, default size:
@@ -840,6 +840,7 @@ def main(argv=None) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     save_model(shipped, out_dir)
     build_tokenizer(wl.words()).save(str(out_dir / "tokenizer.json"))
+    write_tokenizer_config(out_dir, cfg["max_sequence_length"])  # the chat template seer generate renders
     if gen is not None:  # the decoding defaults ship beside the weights, as a checkpoint's (`seer generate`)
         from dataclasses import asdict, fields
 

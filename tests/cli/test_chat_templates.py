@@ -113,6 +113,49 @@ def test_the_embedded_template_encodes_as_the_embedded_tokenizer_does():
         assert tok.encode(t.answer) == emb.encode(t.answer)
 
 
+def test_both_embedded_models_ship_their_template_and_decoding_defaults():
+    """The demo and arith models each carry ``tokenizer_config.json`` (the trainer writes it:
+    ``tokenizer_config``) and ``seer_generation_config.json``; the template reproduces each one's
+    ``EmbeddedTokenizer.chat_prompt`` token for token."""
+    from model_adapters.embedded import tokenizer_config
+    from model_adapters.embedded.arith import ARITH_DIR
+    from model_adapters.embedded.arith import serving as arith_serving
+    from model_adapters.embedded.arith.tasks import make_requests as arith_requests
+
+    for folder in (EMBEDDED_DIR, ARITH_DIR):
+        limit = json.loads((folder / "config.json").read_text())["max_sequence_length"]
+        assert json.loads((folder / "tokenizer_config.json").read_text()) == tokenizer_config(limit)
+        assert checkpoint_generation_fields(folder)
+    tok, emb = ChatTokenizer.from_pretrained(ARITH_DIR), EmbeddedTokenizer(ARITH_DIR / "tokenizer.json")
+    assert tok.template.source == f"{ARITH_DIR / 'tokenizer_config.json'} (chat_template)"
+    for t in arith_requests(32, "heldout"):
+        assert tok.encode_prompt(t.question) == emb.chat_prompt(t.question)
+    stored = GenerationConfig.from_dict(checkpoint_generation_fields(ARITH_DIR))
+    assert stored == arith_serving.demo_generation_config()
+
+
+def test_words_outside_the_vocabulary_are_named_once_per_prompt():
+    """"Count to fourteen." on the embedded model: 'Count' and '.' are not in its word-level
+    vocabulary; one warning names them (and the lower-case word it has); a prompt in the vocabulary
+    says nothing, and the embedded tokenizer's own prompts warn alike."""
+    from model_adapters.chat import UnknownWordsWarning, unknown_words
+
+    tok, emb = ChatTokenizer.from_pretrained(EMBEDDED_DIR), EmbeddedTokenizer()
+    with pytest.warns(UnknownWordsWarning) as said:
+        ids = tok.encode_prompt("Count to fourteen.")
+    assert len(said) == 1
+    message = str(said[0].message)
+    assert "2 word(s)" in message and "'Count' (the vocabulary has 'count'), '.'" in message
+    assert ids.count(emb.unk_id) == 2
+    with pytest.warns(UnknownWordsWarning, match="'bluish'"):
+        emb.chat_prompt("<image> is the circle bluish ?", with_image=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tok.encode_prompt("count to fourteen", with_image=True)
+        emb.chat_prompt("count to fourteen")
+    assert unknown_words(tok.tokenizer, "Count Count to <image> Zebra") == ["Count", "Zebra"]
+
+
 def test_the_embedded_generation_defaults_are_the_demos():
     """The stored defaults leave steps and block to follow the window (one step per position, one
     block: what the demo sets for its 32 positions), so that ``--gen-length`` alone is valid."""
@@ -150,12 +193,12 @@ def test_generate_answers_held_out_requests_as_the_demo_does(tmp_path, capsys):
         assert main(argv) == 0
         out, err = capsys.readouterr()
         assert out.strip() == emb.decode(answer), tasks[i].question
-        assert "chat template: " + str(EMBEDDED_DIR / "tokenizer_config.json") in err
-        assert "steps 32 " in err and "window 32, block 32" in err
+        assert "chat template " + str(EMBEDDED_DIR / "tokenizer_config.json") in err
+        assert "(NFE; 32 denoising steps)" in err and "window 32, block 32" in err
     # the options given still win over the checkpoint's defaults
     assert main(["generate", "--model", str(EMBEDDED_DIR), "--prompt", "count to two", "--gen-length", "16"]) == 0
     err = capsys.readouterr().err
-    assert "steps 16 " in err and "window 16, block 16" in err
+    assert "(NFE; 16 denoising steps)" in err and "window 16, block 16" in err
     # Fast-dLLM's options: the same answer in fewer forwards, without a warning about the
     # checkpoint's step count (a threshold decides the steps)
     for extra in (["--threshold", "0.9"], ["--threshold", "0.9", "--block-cache", "dual"]):
@@ -163,7 +206,7 @@ def test_generate_answers_held_out_requests_as_the_demo_does(tmp_path, capsys):
             warnings.simplefilter("error", UserWarning)
             assert main(["generate", "--model", str(EMBEDDED_DIR), "--prompt", tasks[text[0]].question, *extra]) == 0
         out, err = capsys.readouterr()
-        assert out.strip() == emb.decode(demo.answers[0]) and "NFE 32 " not in err, extra
+        assert out.strip() == emb.decode(demo.answers[0]) and "forwards  33 (NFE" not in err, extra
 
 
 def test_calibrate_names_a_template_only_with_a_checkpoint(capsys):
