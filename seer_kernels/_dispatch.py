@@ -56,6 +56,9 @@ _scope = threading.local()  # per thread: emulating (bool), kernel_depth (int)
 OP_NAMESPACE = "seer"
 _LIBRARY = torch.library.Library(OP_NAMESPACE, "DEF")
 _REGISTERED: dict[str, SeerOp] = {}  # op name -> the callable its public function computes through
+#: None, or a callable ``name -> context manager``: while set (a profile is being taken, see
+#: :func:`set_op_ranges`), every op call goes through the dispatcher inside one such range
+_op_ranges: Callable | None = None
 
 
 def interpreting() -> bool:
@@ -177,13 +180,17 @@ class SeerOp:
     traces, records or audits ops (``torch.compile``, ``make_fx``, a CUDA-graph recorder, a
     ``TorchDispatchMode``) still sees ``torch.ops.seer.<name>``."""
 
-    __slots__ = ("overload", "_implementation")
+    __slots__ = ("overload", "_implementation", "name")
 
     def __init__(self, overload: torch._ops.OpOverload, implementation: Callable):
         self.overload = overload
         self._implementation = implementation
+        self.name = overload.name()  # "seer::<op>"
 
     def __call__(self, *args, **kwargs):
+        if _op_ranges is not None:  # a profile: the dispatcher records the op (torch.profiler), in a named range
+            with _op_ranges(self.name):
+                return self.overload(*args, **kwargs)
         if _dispatcher_needed(args[0] if args else None):
             return self.overload(*args, **kwargs)
         return self._implementation(*args, **kwargs)
@@ -220,6 +227,18 @@ def define_op(schema: str, implementation: Callable, fake: Callable) -> SeerOp:
     _LIBRARY.impl(name, fake, "Meta")
     op = _REGISTERED[name] = SeerOp(getattr(getattr(torch.ops, OP_NAMESPACE), name).default, in_scope)
     return op
+
+
+def set_op_ranges(factory: Callable | None) -> Callable | None:
+    """While ``factory`` (``name -> context manager``) is set, every op call goes through the
+    dispatcher (so ``torch.profiler`` records it as ``seer::<op>``) inside ``factory("seer::<op>")``
+    (an NVTX range, or a null context when the profiler's own op record is enough); None restores
+    the direct call of plain eager inference. Returns the previous factory. Set by
+    ``seer_runtime.profiling`` while its ranges are on; costs nothing while unset but one global
+    read per op call."""
+    global _op_ranges
+    previous, _op_ranges = _op_ranges, factory
+    return previous
 
 
 def registered_op(name: str) -> SeerOp:

@@ -57,6 +57,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--profile", default=None, type=path_text, metavar="PATH",
                    help="write a Chrome trace of the generate call (torch.profiler; open in Perfetto or "
                         "chrome://tracing): ranges per stage and per seer:: op")
+    p.add_argument("--router", action="store_true",
+                   help="run every step through the Padding-Waste-Ratio router (static / varlen / eager path per "
+                        "group of requests, after Seer's cut), with its defaults sized to the window")
     add_model_options(p)
     add_generation_options(p)
     p.set_defaults(func=cmd_generate)
@@ -90,7 +93,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     seer, dyllm = policies(args, model, files)
     progress.start(1)
     run = lambda: generate(model, ids, images=images, gen=gen, seer=seer, dyllm=dyllm,  # noqa: E731
-                           progress=args.stats != "json")
+                           router=True if args.router else None, progress=args.stats != "json")
     if args.profile:
         from ..profiling import trace
 
