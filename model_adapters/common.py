@@ -18,6 +18,7 @@ from torch import nn
 import seer_kernels
 from seer_kernels.rotary_embedding import apply_rotary
 from seer_runtime.adapter import PackedLayout, PaddedLayout, Taps
+from seer_runtime.profiling import prange
 
 
 class RMSNorm(nn.Module):
@@ -200,8 +201,9 @@ def block_forward(
         ffn = block.mlp_down(swiglu(gate, up, taps))
     else:
         index, count = rows.ffn_index(ctx)
-        gate, up = block.mlp_gate_up(ffn_norm.rows(hidden, index, count), count=count)
-        ffn = rows.ffn_output(block.mlp_down(swiglu(gate, up, None), count=count))
+        with prange("dyllm/ffn_rows"):  # the FFN of the salient rows alone
+            gate, up = block.mlp_gate_up(ffn_norm.rows(hidden, index, count), count=count)
+            ffn = rows.ffn_output(block.mlp_down(swiglu(gate, up, None), count=count))
     if taps is not None and taps.keep_ffn_out:
         taps.ffn_out = ffn
     return hidden + ffn

@@ -36,6 +36,7 @@ from .adapter import Taps
 from .batch import BatchState, is_end_token, read_to_host
 from .config import StoredConfig, check, check_bool, check_int, check_real
 from .policy import LayerHook, Policy
+from .profiling import prange
 from .runner import Cut, Forward
 from .window import Extend, Redecode
 
@@ -188,26 +189,29 @@ class SeerPolicy(Policy):
     def cut(self, state: BatchState, keep: list[int], *, narrow_logits: bool = False) -> Cut:
         """Request ``b`` is cut to ``keep[b]`` positions (its boundary + 1, or the full window) and
         keeps that many plus the slack from now on (the scheduler plans the shorter windows)."""
-        keep = [self.with_slack(state, k) for k in keep]
-        self.keep_len = list(keep)
-        self.cut_done = True
-        return Cut(dict(enumerate(keep)), narrow_logits)
+        with prange("seer/cut"):
+            keep = [self.with_slack(state, k) for k in keep]
+            self.keep_len = list(keep)
+            self.cut_done = True
+            return Cut(dict(enumerate(keep)), narrow_logits)
 
     def on_logits(self, state: BatchState, fwd: Forward, logits: torch.Tensor) -> Cut | None:
         if fwd.step != 0:
             return None
         if self.config.probe == "eos_prob" and not self.cut_done:
-            p_end = end_probability(logits, state.token_ids.end_ids)
-            keep = []
-            # the one host read of the boundaries per generation
-            for b, j in enumerate(first_reaching(p_end, self.config.eos_threshold).tolist()):
-                j = max(j, state.first_masked) if j < p_end.shape[1] else None
-                self.boundary[b] = j
-                keep.append(state.width if j is None else j + 1)
+            with prange("seer/probe"):
+                p_end = end_probability(logits, state.token_ids.end_ids)
+                keep = []
+                # the one host read of the boundaries per generation
+                for b, j in enumerate(first_reaching(p_end, self.config.eos_threshold).tolist()):
+                    j = max(j, state.first_masked) if j < p_end.shape[1] else None
+                    self.boundary[b] = j
+                    keep.append(state.width if j is None else j + 1)
             return self.cut(state, keep, narrow_logits=True)
         if self.confirm_due:  # `both`: the sparsity cut of this forward, checked by its logits
             self.confirm_due = False
-            return self._confirm(state, fwd, logits)
+            with prange("seer/probe"):
+                return self._confirm(state, fwd, logits)
         return None
 
     def _confirm(self, state: BatchState, fwd: Forward, logits: torch.Tensor) -> Cut | None:
@@ -254,8 +258,8 @@ class SeerPolicy(Policy):
         self._asked = self._guard_candidates(state)
         if not self._asked:
             return None
-        # every request's status (one cached index, no upload of the candidates' rows)
-        return {"seer/window_status": self._window_status(state, list(range(state.batch_size)))}
+        with prange("seer/guard"):  # every request's status (one cached index, no upload of the candidates' rows)
+            return {"seer/window_status": self._window_status(state, list(range(state.batch_size)))}
 
     def after_step(self, state: BatchState, step: int, values: dict[str, list[int]]) -> list[Extend | Redecode]:
         changes: list[Extend | Redecode] = [Extend(b, target) for b, target in self.pending.items()]
@@ -317,13 +321,14 @@ class _Probe(LayerHook):
         self._sum = part if self._sum is None else self._sum + part
         if layer != max(s.layers):
             return None
-        seer.profile = self._sum / len(s.layers)
-        valid = torch.full((rows,), width, dtype=torch.int32, device=state.device)
-        # LaViDa-Dream's pre-filled first token is part of the answer
-        keep = seer_kernels.snr_boundary(seer.profile, valid, tau_jump=s.tau_jump, gamma=s.gamma, window=s.window,
-                                         baseline_window=s.baseline_window,
-                                         min_position=max(s.min_position, state.first_masked))
-        keep_list = keep.tolist()  # the one host read of L* per generation
+        with prange("seer/probe"):
+            seer.profile = self._sum / len(s.layers)
+            valid = torch.full((rows,), width, dtype=torch.int32, device=state.device)
+            # LaViDa-Dream's pre-filled first token is part of the answer
+            keep = seer_kernels.snr_boundary(seer.profile, valid, tau_jump=s.tau_jump, gamma=s.gamma,
+                                             window=s.window, baseline_window=s.baseline_window,
+                                             min_position=max(s.min_position, state.first_masked))
+            keep_list = keep.tolist()  # the one host read of L* per generation
         seer.boundary = [k - 1 if k < width else None for k in keep_list]
         seer.confirm_due = s.probe == "both"
         return seer.cut(state, keep_list)

@@ -14,6 +14,7 @@ from seer_kernels import cosine_saliency, exchange_rows, partial_attention, scat
 
 from ..adapter import PrefixKV
 from ..batch import BatchState
+from ..profiling import prange
 from ..runner import Forward
 
 
@@ -234,6 +235,10 @@ class SparseLayer:
         self._salient_mask: torch.Tensor | None = None
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        with prange("dyllm/attention"):
+            return self._attend(q, k, v)
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         policy, plan, i = self.policy, self.plan, self.layer
         maps = plan.maps
         gate, count, num_q = plan.gate, plan.gate_count, maps.num_queries
@@ -261,14 +266,19 @@ class SparseLayer:
             cached = self._context_before.view(num_q, heads, d)
             if maps.attention_out is None:
                 maps.attention_out = torch.zeros_like(q)
-            ctx = partial_attention(q, keys, values, cached, dv, maps.cu_q, maps.cu_k, maps.max_q, maps.max_k,
-                                    self._gate_mask, key_rows, count, k_old=k_old, out=maps.attention_out,
-                                    check=False)
+            with prange("dyllm/partial_attention"):
+                ctx = partial_attention(q, keys, values, cached, dv, maps.cu_q, maps.cu_k, maps.max_q, maps.max_k,
+                                        self._gate_mask, key_rows, count, k_old=k_old, out=maps.attention_out,
+                                        check=False)
         else:
             ctx = varlen_attention(q, keys, values, maps.cu_q, maps.cu_k, maps.max_q, maps.max_k)
         return ctx
 
     def ffn_index(self, ctx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        with prange("dyllm/saliency"):
+            return self._ffn_index(ctx)
+
+    def _ffn_index(self, ctx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         policy, plan, i = self.policy, self.plan, self.layer
         maps = plan.maps
         index, count, similarity, salient = maps.saliency[i]  # this layer's buffers: no allocation per step

@@ -30,8 +30,12 @@ from seer_kernels import slice_repack
 from ..adapter import PackedLayout, PaddedLayout, PrefixKV
 from ..batch import BatchState
 from ..graphs import BucketInputs
+from ..profiling import prange
 from ..runner import Forward, padded_forward
-from .router import PATH_STATIC, PATH_VARLEN, GraphKey, Route, Router, RouterConfig, RouterStats
+from .router import PATH_NAMES, PATH_STATIC, PATH_VARLEN, GraphKey, Route, Router, RouterConfig, RouterStats
+
+#: the profiler's range of each path's layout (``seer_runtime.profiling``)
+PATH_RANGES = {path: f"router/{name.lower()}" for path, name in PATH_NAMES.items()}
 
 
 @dataclass
@@ -98,8 +102,15 @@ class RoutedLayouts:
         if state.window.cut_pending:
             return [padded_forward(state, rows, step)]  # Seer's step 0 (the cut happens inside it) runs padded
         lengths = state.window.lengths_of(rows)
-        route = self.router.route(lengths, check=False)
+        with prange("router/route"):
+            route = self.router.route(lengths, check=False)
         self.stats.add(route)
+        with prange(PATH_RANGES[route.path]):
+            return self._path_forwards(state, rows, step, route, lengths)
+
+    def _path_forwards(self, state: BatchState, rows: list[int], step: int, route: Route,
+                       lengths) -> list[Forward]:
+        """The forward of ``rows`` laid out on ``route``'s path (module docstring)."""
         static = route.path == PATH_STATIC
         if (static and not self.padded_only and state.prefix_cache and state.width <= self.router.config.n_max
                 and route.key.length <= state.width):
