@@ -121,7 +121,7 @@ class Scheduler:
         t1 = time.perf_counter()
         if cut is not None:
             self.plan_cut(cut)
-        with prange("sample"):
+        with prange("sample"), prange(f"commit/{rule.name}"):
             rule.commit(state, rows, step, logits)
         state.stats.add_time("forward", t1 - t0)
         state.stats.add_time("sample", time.perf_counter() - t1)
