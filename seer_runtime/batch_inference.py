@@ -237,19 +237,21 @@ def read_run_requests(path: str | Path) -> list[RunRequest]:
 # ------------------------------------------------------------------------------------- decoding
 @dataclass
 class Speed:
-    """What a rank decoded: answer tokens, forward passes (summed over batches), requests and the
-    seconds spent in ``generate``."""
+    """What a rank decoded: answer tokens, forward passes (summed over batches), requests, the
+    seconds spent in ``generate`` and the work (``GenerationStats.positions_computed``: positions x
+    layers, DyLLM's reused rows not counted)."""
 
     tokens: int = 0
     nfe: int = 0
     requests: int = 0
     wall_s: float = 0.0
+    positions_computed: int = 0
 
     @staticmethod
     def combined(parts: Sequence[Speed]) -> Speed:
         """Ranks' figures together: counts added, the wall time of the slowest rank."""
         return Speed(sum(p.tokens for p in parts), sum(p.nfe for p in parts), sum(p.requests for p in parts),
-                     max((p.wall_s for p in parts), default=0.0))
+                     max((p.wall_s for p in parts), default=0.0), sum(p.positions_computed for p in parts))
 
     @property
     def tok_per_s(self) -> float:
@@ -397,7 +399,7 @@ class BatchDecoder:
             if windows is not None:
                 record["window"] = int(windows[r])
             records.append(record)
-        return records, Speed(tokens, st.nfe, len(batch), wall)
+        return records, Speed(tokens, st.nfe, len(batch), wall, st.positions_computed)
 
     def decode(self, prepared: Sequence[Prepared]) -> tuple[list[dict], Speed]:
         """Every request's record, in the order of ``prepared``, and the figures of all batches."""
@@ -408,7 +410,7 @@ class BatchDecoder:
             for p, record in zip(batch, records):
                 by_index[id(p)] = record
         total = Speed(sum(s.tokens for s in parts), sum(s.nfe for s in parts), sum(s.requests for s in parts),
-                      sum(s.wall_s for s in parts))
+                      sum(s.wall_s for s in parts), sum(s.positions_computed for s in parts))
         return [by_index[id(p)] for p in prepared], total
 
 
@@ -602,7 +604,7 @@ def run_file(decoder: BatchDecoder, input_path: str | Path, output: str | Path, 
                 command.advance(len(batch))
                 if str(writer.path) not in command.written:
                     command.wrote(writer.path)
-            for name in ("tokens", "nfe", "requests", "wall_s"):
+            for name in ("tokens", "nfe", "requests", "wall_s", "positions_computed"):
                 setattr(mine_speed, name, getattr(mine_speed, name) + getattr(speed, name))
             bar.update(len(batch))
     finally:
@@ -616,7 +618,8 @@ def run_file(decoder: BatchDecoder, input_path: str | Path, output: str | Path, 
             command.wrote(output)
         twice = f"; {summary.duplicates} answers held twice (identical) written once" if summary.duplicates else ""
         print(f"[seer run] wrote {output}: {len(requests)} answers ({resumed} from earlier parts){twice}; this "
-              f"launch decoded {speed.requests}: {speed.tokens} answer tokens, NFE {speed.nfe} (summed over "
+              f"launch decoded {speed.requests}: {speed.tokens} answer tokens, NFE {speed.nfe}, "
+              f"{speed.positions_computed:,} positions computed (positions x layers; summed over "
               f"{ranks.world_size} rank(s)), {speed.wall_s:.3f} s in generate on the slowest rank, "
               f"{speed.tok_per_s:.2f} tok/s", file=sys.stderr)
     return summary

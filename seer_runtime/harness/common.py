@@ -40,40 +40,71 @@ MODEL_ARGS = ("pretrained", "seer", "dyllm", "chat_template", "dtype", "device",
               "show_speed", "dist_timeout")
 #: generation keywords of a task that are not GenerationConfig fields
 TASK_KEYS = ("until", "max_gen_toks", "do_sample")
+#: Fast-dLLM's model arguments (its eval_llada.py) that seer names otherwise
+FAST_DLLM_ARGS = ("use_cache", "dual_cache", "factor")
+
+
+def _truthy(value) -> bool:
+    return value is True or (isinstance(value, str) and value.strip().lower() in ("true", "1", "yes"))
+
+
+def fast_dllm_pointer(args: dict) -> str | None:
+    """What to write instead when ``args`` (model arguments) holds Fast-dLLM's names: ``use_cache=True``
+    -> ``block_cache=prefix``, with ``dual_cache=True`` -> ``block_cache=dual``, ``use_cache=False`` ->
+    nothing (no block cache); ``factor`` (its factor-based parallel decoding) has no counterpart here,
+    ``threshold`` has. None when none of those names is there."""
+    given = [k for k in FAST_DLLM_ARGS if k in args]
+    if not given:
+        return None
+    written = ",".join(f"{k}={args[k]}" for k in given)
+    if "factor" in given:
+        return (f"{written}: Fast-dLLM's factor-based parallel decoding is not implemented in seer; its confidence "
+                "threshold is (threshold=0.9), with its block caches (block_cache=prefix or block_cache=dual)")
+    if _truthy(args.get("dual_cache")):
+        instead = "block_cache=dual"
+    elif _truthy(args.get("use_cache")):
+        instead = "block_cache=prefix"
+    else:
+        instead = "nothing (no block cache is the default: leave block_cache unset)"
+    return (f"{written} are Fast-dLLM's argument names; seer's is block_cache: write {instead} "
+            "(use_cache=True -> block_cache=prefix, use_cache=True,dual_cache=True -> block_cache=dual)")
 
 
 @dataclass
 class Speed:
     """Totals over ``generate_until`` calls: answer tokens (before the end token), wall seconds of
-    ``generate``, forward passes (NFE, summed over batches), requests, and answers cut to the
-    task's ``max_gen_toks``."""
+    ``generate``, forward passes (NFE, summed over batches), the work (``GenerationStats.
+    positions_computed``: positions x layers, DyLLM's reused rows not counted), requests, and
+    answers cut to the task's ``max_gen_toks``."""
 
     tokens: int = 0
     wall_s: float = 0.0
     nfe: int = 0
     requests: int = 0
     cut_to_max_gen_toks: int = 0
+    positions_computed: int = 0
 
     @property
     def tok_per_s(self) -> float:
         return self.tokens / self.wall_s if self.wall_s > 0 else 0.0
 
     def add(self, other: Speed) -> None:
-        for name in ("tokens", "wall_s", "nfe", "requests", "cut_to_max_gen_toks"):
+        for name in ("tokens", "wall_s", "nfe", "requests", "cut_to_max_gen_toks", "positions_computed"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
     @staticmethod
     def combined(parts: list[Speed]) -> Speed:
         """Ranks' figures of one call together: counts added, the wall time of the slowest rank."""
         total = Speed(wall_s=max((p.wall_s for p in parts), default=0.0))
-        for name in ("tokens", "nfe", "requests", "cut_to_max_gen_toks"):
+        for name in ("tokens", "nfe", "requests", "cut_to_max_gen_toks", "positions_computed"):
             setattr(total, name, sum(getattr(p, name) for p in parts))
         return total
 
     def lines(self) -> list[str]:
-        """Fast-dLLM's ``show_speed`` lines, and the requests and cut answers."""
+        """Fast-dLLM's ``show_speed`` lines, the work figure, and the requests and cut answers."""
         return [f"Total number of tokens generated: {self.tokens}", f"Total time taken: {self.wall_s:.3f} seconds",
                 f"Tokens per second: {self.tok_per_s:.2f}", f"Total NFE is {self.nfe}",
+                f"Positions computed (positions x layers): {self.positions_computed:,}",
                 f"Requests: {self.requests}; answers cut to max_gen_toks: {self.cut_to_max_gen_toks}"]
 
 
@@ -143,10 +174,14 @@ class HarnessModel:
     def __init__(self, pretrained: str, *, seer=None, dyllm=None, chat_template=None, dtype=None, device="cpu",
                  batch_size=1, max_batch_size=None, show_speed=True, dist_timeout=DEFAULT_DIST_TIMEOUT_S,
                  generation: dict, own_args=MODEL_ARGS):
-        from ..cli.options import DTYPES, checkpoint_generation_fields, model_services, policies
+        from ..cli.options import DTYPES, checkpoint_generation_fields, model_path, model_services, policies
 
         if not isinstance(pretrained, str) or not pretrained:
             raise ValueError("pretrained must be a local checkpoint directory (--model_args pretrained=DIR)")
+        pretrained = model_path(pretrained)  # or an embedded model by name (demo, arith), as seer generate takes
+        pointer = fast_dllm_pointer(generation)
+        if pointer is not None:
+            raise ValueError(f"--model_args {pointer}")
         fields = {**checkpoint_generation_fields(pretrained), **generation}
         #: each request seeded from its content (rng "per_request") unless rng="global" was asked for
         self.content_seeds = fields.get("rng", "per_request") == "per_request"
@@ -276,6 +311,7 @@ class HarnessModel:
                     torch.cuda.synchronize(out.sequences.device)
                 call.wall_s += time.perf_counter() - t0
                 call.nfe += out.stats.nfe
+                call.positions_computed += out.stats.positions_computed
                 for r, i in enumerate(batch):
                     answer = out.answer_ids(r)
                     if cap is not None and len(answer) > cap:

@@ -75,6 +75,12 @@ def test_model_args_are_checked_by_name(tiny_dirs):
         SeerLM.create_from_arg_string(f"pretrained={path},treshold=0.9")
     fast = SeerLM.create_from_arg_string(f"pretrained={path},gen_length=8,threshold=0.9,block_cache=dual")
     assert (fast.gen.threshold, fast.gen.block_cache) == (0.9, "dual")  # Fast-dLLM's options, as its eval takes them
+    # Fast-dLLM's own argument names get a pointer to ours (lm-eval parses "True" to a bool)
+    for written, instead in (("use_cache=True,dual_cache=True", "write block_cache=dual"),
+                             ("use_cache=True", "write block_cache=prefix"),
+                             ("use_cache=False", "leave block_cache unset"), ("factor=1.0", "threshold=0.9")):
+        with pytest.raises(ValueError, match=f"--model_args {written}.*{instead}"):
+            SeerLM.create_from_arg_string(f"pretrained={path},gen_length=8,{written}")
     with pytest.raises(ValueError, match="steps .3. must be divisible by the number of blocks .2."):
         SeerLM(path, gen_length=8, block_length=4, steps=3)
     with pytest.raises(ValueError, match="batch_size 'auto' is not supported"):
@@ -95,7 +101,10 @@ def test_generate_until_cuts_and_reports(tiny_dirs, capsys):
     plain = lm.generate_until([request("generate_until", c, {}) for c in contexts])
     assert lm.speed.requests == 3 and lm.speed.nfe == 16  # two batches of 8 steps
     assert lm.speed.tokens == sum(len(a.split()) for a in plain)
-    assert "[seer] Total NFE is 16" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "[seer] Total NFE is 16" in err
+    assert f"[seer] Positions computed (positions x layers): {lm.speed.positions_computed:,}" in err
+    assert lm.speed.positions_computed > 0
     words = plain[0].split()
     assert len(words) >= 3, plain  # this random model answers with several words
     cut = lm.generate_until([request("generate_until", "w1 w2 w3", {"until": [words[2]], "max_gen_toks": 8}),
