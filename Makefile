@@ -1,6 +1,7 @@
 # The README's two set-up commands: `make demo` and `make test`. Each creates (or reuses) a local
 # virtual environment and installs what the project needs. torch is installed first, pinned to
-# the CPU build on disk, so that nothing pulls a multi-GB CUDA wheel.
+# the CPU build on disk, so that nothing pulls a multi-GB CUDA wheel; lmms-eval last, with the
+# requirements not installed here left out of its metadata (seer_runtime/harness/install_lmms_eval.py).
 VENV   ?= .venv
 PYTHON ?= python3
 PY     := $(VENV)/bin/python
@@ -12,7 +13,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e ".[dev,plot,eval]"
-	$(PY) -m pip install -q --no-deps "lmms-eval==0.7.3"
+	$(PY) -m seer_runtime.harness.install_lmms_eval
 	touch $(STAMP)
 
 demo: $(STAMP)
