@@ -155,7 +155,7 @@ def summary_rows(out, *, gen=None, answer_tokens: int | None = None) -> list[tup
                  f"{min(steps)}-{max(steps)} denoising steps per request") if steps else "no steps"
     rows.append(("forwards", f"{stats.nfe} (NFE; {step_text})"))
     if gen is not None and gen.threshold is not None:
-        rows.append(("threshold", f"{gen.threshold}: every position whose confidence reaches it committed per step, "
+        rows.append(("threshold", f"{gen.threshold} (every position at or above it committed): "
                                   f"{_plural(max(steps, default=0), 'step')} for a window of {window}"))
     rows.append(("work", work_line(stats)))
     extra = stats.extra

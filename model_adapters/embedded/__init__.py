@@ -32,6 +32,9 @@ from seer_runtime.adapter import IMAGE_TOKEN_INDEX, TokenIds
 
 EMBEDDED_DIR = Path(__file__).resolve().parent
 RESPONSE_WINDOW = 32
+#: a held-out picture of the image tasks (48 x 48: two blue triangles and a green square), the
+#: README's image example: "how many shapes are there ?" -> "three"
+EXAMPLE_IMAGE = EMBEDDED_DIR / "example.png"
 
 UNK, BOS, EOS, MASK = "<unk>", "<|startoftext|>", "<|endoftext|>", "<|mdm_mask|>"
 START_HEADER, END_HEADER, EOT = "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"
@@ -195,5 +198,5 @@ def load_embedded(dtype: torch.dtype | None = None, device: str | torch.device =
     return model, EmbeddedTokenizer(folder / "tokenizer.json")
 
 
-__all__ = ["EMBEDDED_DIR", "RESPONSE_WINDOW", "TOKENIZER_CONFIG_FILE", "EmbeddedTokenizer", "build_tokenizer",
-           "load_embedded", "tokenizer_config", "write_tokenizer_config"]
+__all__ = ["EMBEDDED_DIR", "EXAMPLE_IMAGE", "RESPONSE_WINDOW", "TOKENIZER_CONFIG_FILE", "EmbeddedTokenizer",
+           "build_tokenizer", "load_embedded", "tokenizer_config", "write_tokenizer_config"]
