@@ -52,17 +52,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 @contextmanager
 def warnings_as_lines(command: str):
-    """Within the block, a warning prints as one line naming the command (no source line)."""
-    shown = warnings.showwarning
+    """Within the block, a warning prints as one line naming the command (no source line); only the
+    format changes: filters and ``catch_warnings(record=True)`` see warnings as before."""
+    formatted = warnings.formatwarning
 
-    def one_line(message, category, filename, lineno, file=None, line=None):
-        print(f"seer {command}: warning: {message}", file=file if file is not None else sys.stderr)
+    def one_line(message, category, filename, lineno, line=None):
+        return f"seer {command}: warning: {message}\n"
 
-    warnings.showwarning = one_line
+    warnings.formatwarning = one_line
     try:
         yield
     finally:
-        warnings.showwarning = shown
+        warnings.formatwarning = formatted
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -231,3 +231,19 @@ def test_every_option_of_every_command_has_help_and_its_default(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["--version"])
     assert exit_.value.code == 0 and capsys.readouterr().out.strip() == f"seer {version('seer')}"
+
+
+def test_a_warning_prints_as_one_line_naming_the_command():
+    """Inside a command a warning is ``seer COMMAND: warning: MESSAGE`` without Python's source line;
+    filters and recorders see it as before, and the format comes back after the command."""
+    import warnings
+
+    from seer_runtime.cli import warnings_as_lines
+
+    before = warnings.formatwarning
+    with warnings_as_lines("generate"):
+        assert warnings.formatwarning("words outside", UserWarning, "chat.py", 9) == \
+            "seer generate: warning: words outside\n"
+        with pytest.warns(UserWarning, match="still recorded"):
+            warnings.warn("still recorded", UserWarning, stacklevel=1)
+    assert warnings.formatwarning is before
