@@ -6,8 +6,9 @@
   the prefix-LM mask on half of its samples), the position-stable tie-break.
 * :func:`demo_requests` - held-out requests; their ``truth_ids`` are one reference solution
   (the score is the final answer, :func:`answer_figures`).
-* :func:`calibration_requests` - a split disjoint from the demo's, *without* reference answers:
-  the calibrations then compare each candidate with the baseline's own answers, word for word.
+* :func:`calibration_requests` - a split disjoint from the demo's, with reference solutions: the
+  calibrations score each candidate by its final answer, as the demo does (a wording is not wrong,
+  only different), and compare its verdicts with the baseline's request by request.
 * :func:`answer_figures` - final-answer accuracy (``exact_match``: GSM8K's score) and the share
   of answers whose every arithmetic step is right.
 """
@@ -64,15 +65,15 @@ def calibration_requests(data: str | Path | None = None, n: int | None = None, m
 
     data: a JSONL file (``question``, optional ``answer``; any other key, ``image`` included, is an
     error naming the file and line) or None: ``n`` (default 128) generated
-    requests from a seed disjoint from training and the demo's split, without reference answers
-    (the baseline's own answers are the reference: a wording is not wrong, only different).
+    requests from a seed disjoint from training and the demo's split, each with a reference
+    solution (:func:`answer_figures` scores its final answer; a wording is not wrong, only different).
     """
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
         raise ValueError(f"requests must be an int >= 1, got {n!r}")
     tokenizer = _tokenizer(tokenizer)
     if data is None:
         tasks = make_requests(128 if n is None else n, "heldout", seed=CALIBRATION_SEED)
-        return to_requests(tasks, tokenizer, with_answers=False), demo_generation_config()
+        return to_requests(tasks, tokenizer), demo_generation_config()
     from seer_runtime.evaluate import read_requests_jsonl
     from seer_runtime.request_files import TEXT_CALIBRATION_REQUEST
 
