@@ -27,7 +27,9 @@ class Request:
 
 @dataclass
 class RunResult:
-    """Per-request answers and the run's totals. ``answers[i]``: ids before the first end token."""
+    """Per-request answers and the run's totals. ``answers[i]``: ids before the first end token;
+    ``positions_computed`` / ``positions_computed_dense``: ``GenerationStats``' work figures summed
+    over the batches (equal without DyLLM)."""
 
     answers: list[list[int]] = field(default_factory=list)
     end_positions: list[int] = field(default_factory=list)
@@ -36,6 +38,7 @@ class RunResult:
     batch_wall_s: list[float] = field(default_factory=list)
     nfe: list[int] = field(default_factory=list)
     positions_computed: int = 0
+    positions_computed_dense: int = 0
     seer: dict = field(default_factory=dict)
     dyllm: list[dict] = field(default_factory=list)
     per_request_latency_s: list[float] = field(default_factory=list)
@@ -64,6 +67,7 @@ class RunResult:
         self.batch_wall_s += part.batch_wall_s
         self.nfe += part.nfe
         self.positions_computed += part.positions_computed
+        self.positions_computed_dense += part.positions_computed_dense
         self.per_request_latency_s += part.per_request_latency_s
         self.dyllm += part.dyllm
         for k, v in part.seer.items():
@@ -113,6 +117,7 @@ def run_requests(model, requests: list[Request], gen: GenerationConfig, *, seer=
         result.per_request_latency_s.extend([wall] * len(batch))
         result.nfe.append(out.stats.nfe)
         result.positions_computed += out.stats.positions_computed
+        result.positions_computed_dense += out.stats.positions_computed_dense
         for i in range(len(batch)):
             result.answers.append(out.answer_ids(i))
             result.end_positions.append(int(out.end_positions[i]))

@@ -13,9 +13,15 @@ Calibration, on a set of requests with their baseline answers:
    tokens-computed speed-up under the engine's own step rule, and the paper's knee criterion
    ``U = accuracy ratio + lambda log(speed-up)`` (over-truncations counted as failures).
 4. **Verify** the best few with real Seer runs on the same requests, together with the best
-   candidate of the paper's sparsity-only probe and the end-probability probe (``eos_prob``,
-   threshold 0.5: nothing to simulate, its boundary needs the final logits), and keep the best
-   measured U.
+   candidate of the paper's sparsity-only probe and the best thresholds of the end-probability
+   probe (``eos_prob``: nothing to simulate but its step-0 cut, its boundary needs the final
+   logits), each reported with its paired flips against the baseline and McNemar's exact p.
+5. **Choose** the best measured U among the candidates that keep the baseline's accuracy
+   (``calibration.accuracy``: at most one point below it, no significant loss); the best U of all
+   when none does (``keeps_accuracy: false`` in the record says so).
+6. **Confirm** the choice on a disjoint held-out set (``confirm``): the baseline and the choice
+   decoded there, the choice's accuracy, flips and p, and whether it holds (keeps the
+   baseline's accuracy there too).
 
 The choice is a :class:`SeerConfig` that ``generate(..., seer=...)`` takes; ``seer calibrate``
 writes it as JSON with the measurements beside it.
@@ -24,6 +30,7 @@ writes it as JSON with the measurements beside it.
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import sys
 import time
@@ -44,6 +51,7 @@ from ..plans import DecodingRules, dream_plan, llada_plan
 from ..policy import LayerHook, Policy
 from ..runner import Forward
 from ..seer import SeerConfig, end_probability, first_reaching
+from .accuracy import MAX_DROP, paired_figures, right_answers
 
 EPS_FACTORS = (0.05, 0.1, 0.2, 0.3, 0.5)
 TAU_GRID = (0.01, 0.02, 0.03, 0.04, 0.05, 0.06)
@@ -193,11 +201,13 @@ def _guard_cost(keep: int, end: int, window: int) -> int:
     return keep
 
 
-def calibrate(model, requests: list[Request], gen: GenerationConfig, *, lam: float = 0.1, progress: bool = False,
-              verify_top: int = 4, batch_size: int = 16, layers: list[int] | None = None, plot: str | None = None,
-              rank_by: str = "tokens", guard_mode: str = "extend", eos_thresholds: tuple[float, ...] = (0.5,),
+def calibrate(model, requests: list[Request], gen: GenerationConfig, *, confirm: list[Request], lam: float = 0.1,
+              progress: bool = False, verify_top: int = 4, verify_eos: int = 2, batch_size: int = 16,
+              layers: list[int] | None = None, plot: str | None = None, rank_by: str = "tokens",
+              guard_mode: str = "extend", eos_thresholds: tuple[float, ...] = (0.5,), max_drop: float = MAX_DROP,
               score=None, log=print) -> dict:
-    """Choose a :class:`SeerConfig` for ``model`` on ``requests`` (see the module docstring).
+    """Choose a :class:`SeerConfig` for ``model`` on ``requests`` and confirm it on ``confirm``, a
+    disjoint set (see the module docstring).
 
     rank_by: the speed-up inside the measured U: ``"tokens"`` (baseline over Seer tokens
     computed: deterministic, the default) or ``"wall"`` (wall-clock; on a shared CPU, runs made
@@ -208,8 +218,9 @@ def calibrate(model, requests: list[Request], gen: GenerationConfig, *, lam: flo
     (``"extend"``, the default, or ``"redecode"``: a guarded request is decoded again on the full
     window, so it ends as the baseline's answer; the simulated costs assume ``"extend"``).
 
-    eos_thresholds: the ``eos_prob`` probe's thresholds to simulate; the best one by simulated U
-    is verified (the default, 0.5 alone, is what a model whose answer lengths are certain at
+    eos_thresholds: the ``eos_prob`` probe's thresholds to simulate; the best ``verify_eos`` by
+    simulated U are verified (the simulation sees over-truncation, not the answers a shorter
+    window words differently; the default, 0.5 alone, is what a model whose answer lengths are certain at
     step 0 needs; a model unsure of its length cuts at the median with 0.5 and needs a higher one).
 
     score: ``(requests, answers) -> accuracy`` against the requests' ``truth_ids`` (default
@@ -218,8 +229,12 @@ def calibrate(model, requests: list[Request], gen: GenerationConfig, *, lam: flo
     plot: a path for the step-0 sparsity figure (:func:`plot_profiles`); when it cannot be
     written the result still comes back, with ``plot_error`` saying why.
 
-    Returns a dict with ``config`` (the choice), the clarity table, the simulated and verified
-    candidates and the baseline figures.
+    max_drop: the accuracy a choice may lose against the baseline and still keep it (with no
+    significant loss by McNemar's exact test; ``calibration.accuracy``).
+
+    Returns a dict with ``config`` (the choice), ``requests`` (the choose set's size), the clarity
+    table, the simulated and verified candidates (with their flips and p), the baseline figures
+    and ``confirm`` (the confirm set's size, the baseline's and the choice's figures there, ``holds``).
     """
     if rank_by not in ("tokens", "wall"):
         raise ValueError(f"rank_by must be 'tokens' or 'wall', got {rank_by!r}")
@@ -227,6 +242,11 @@ def calibrate(model, requests: list[Request], gen: GenerationConfig, *, lam: flo
         raise ValueError(f"guard_mode must be 'extend' or 'redecode', got {guard_mode!r}")
     check_real("lam", lam, minimum=0)
     check_int("verify_top", verify_top, minimum=1)
+    check_int("verify_eos", verify_eos, minimum=1)
+    if not requests:
+        raise ValueError("requests is empty")
+    if not confirm:
+        raise ValueError("confirm is empty: the choice is confirmed on a disjoint set of requests")
     if not eos_thresholds:
         raise ValueError("eos_thresholds must not be empty")
     for t in eos_thresholds:
@@ -243,11 +263,12 @@ def calibrate(model, requests: list[Request], gen: GenerationConfig, *, lam: flo
         base = run_requests(model, requests, gen, batch_size=batch_size, progress=bar)
     true_end = [e if e >= 0 else W for e in base.end_positions]
     score = score or exact_match
-    base_acc = score(requests, base.answers)
-    if math.isnan(base_acc):  # no references: agreement with the baseline is the accuracy (on copies)
-        requests = [replace(r, truth_ids=list(a)) for r, a in zip(requests, base.answers)]
-        base_acc = score(requests, base.answers)
-    log(f"baseline: exact match {base_acc:.3f}, {base.tok_per_s:.1f} tok/s, {base.wall_s:.1f}s")
+    # a request without a reference is scored against the baseline's answer (on copies)
+    requests = [r if r.truth_ids is not None else replace(r, truth_ids=list(a)) for r, a in zip(requests, base.answers)]
+    base_right = right_answers(requests, base.answers, score)
+    base_acc = sum(base_right) / len(base_right)
+    log(f"choose set: {len(requests)} requests; baseline exact match {base_acc:.3f}, {base.tok_per_s:.1f} tok/s, "
+        f"{base.wall_s:.1f}s")
 
     prof = step0_profiles(model, requests, gen, layers=layers, batch_size=batch_size)
     table = []
@@ -323,28 +344,37 @@ def calibrate(model, requests: list[Request], gen: GenerationConfig, *, lam: flo
     to_verify = distinct[:verify_top]
     if all(s["config"].probe != "sparsity" for s in to_verify):
         to_verify += [s for s in distinct if s["config"].probe == "sparsity"][:1]
-    to_verify.append(eos_sims[0])
+    to_verify += eos_sims[:verify_eos]
     verified = []
     for s in to_verify:
         c = replace(s["config"], guard_mode=guard_mode)
         with tqdm(total=len(requests), desc=f"verify {c.probe}", disable=not progress, file=sys.stderr) as bar:
             res = run_requests(model, requests, gen, seer=c, batch_size=batch_size, progress=bar)
-        acc = score(requests, res.answers)
+        right = right_answers(requests, res.answers, score)
+        acc = sum(right) / len(right)
         speed = base.wall_s / res.wall_s
         tokens_ratio = base.positions_computed / max(1, res.positions_computed)
         ranked = tokens_ratio if rank_by == "tokens" else speed
         verified.append({**{k: v for k, v in s.items() if k != "config"}, "config": c,
+                         "exact_match": acc, **paired_figures(base_right, right, max_drop=max_drop),
                          "accuracy_ratio": acc / base_acc if base_acc else 0.0,
                          "measured_speedup": speed, "tokens_ratio": tokens_ratio, "rank_by": rank_by,
                          "U_measured": (acc / base_acc if base_acc else 0.0) + lam * math.log(ranked)})
         v = verified[-1]
-        log(f"  verified {c.probe:8s} layers {c.layers} tau {c.tau_jump} gamma {c.gamma}: accuracy ratio "
-            f"{v['accuracy_ratio']:.3f}, measured x{v['measured_speedup']:.2f}, tokens x{v['tokens_ratio']:.2f}, "
-            f"U {v['U_measured']:.3f}")
+        what = f"eos_threshold {c.eos_threshold}" if c.probe == "eos_prob" else \
+            f"layers {c.layers} tau {c.tau_jump} gamma {c.gamma}"
+        log(f"  verified {c.probe:8s} {what}: exact match {acc:.3f} ({v['right_to_wrong']} right->wrong, "
+            f"{v['wrong_to_right']} wrong->right: {v['verdict']}), measured x{v['measured_speedup']:.2f}, "
+            f"tokens x{v['tokens_ratio']:.2f}, U {v['U_measured']:.3f}")
     verified.sort(key=lambda v: -v["U_measured"])
-    best = verified[0]
-    log(f"chosen: {best['config']} (accuracy ratio {best['accuracy_ratio']:.3f}, "
-        f"measured x{best['measured_speedup']:.2f}, tokens x{best['tokens_ratio']:.2f})")
+    keeping = [v for v in verified if v["keeps_accuracy"]]
+    best = (keeping or verified)[0]
+    log(f"chosen on the choose set: {json.dumps(best['config'].to_dict())} (exact match {best['exact_match']:.3f} vs "
+        f"{base_acc:.3f}: {best['verdict']}; measured x{best['measured_speedup']:.2f}, tokens "
+        f"x{best['tokens_ratio']:.2f})" + ("" if keeping else " - no candidate keeps the baseline's accuracy: the "
+                                           "best U"))
+    confirmed = confirm_choice(model, confirm, gen, best["config"], batch_size=batch_size,
+                               score=score, max_drop=max_drop, progress=progress, log=log)
     plot_error = None
     if plot:  # the figure must not cost the choice: a failure is returned (and said), not raised
         try:
@@ -356,8 +386,13 @@ def calibrate(model, requests: list[Request], gen: GenerationConfig, *, lam: flo
         **({"plot_error": plot_error} if plot_error else {}),
         "config": best["config"],
         "lambda": lam,
+        "max_drop": max_drop,
+        "rule": "the best measured U among the verified candidates that keep the baseline's accuracy (at most "
+                "max_drop below it, no significant loss by McNemar's exact test); the best U when none does",
         "requests": len(requests),
+        "keeps_accuracy": bool(keeping),
         "baseline": {"exact_match": base_acc, "tok_per_s": base.tok_per_s, "wall_s": base.wall_s},
+        "confirm": confirmed,
         "clarity": table[:12],
         "eos_thresholds": [{**{k: x for k, x in s.items() if k != "config"}, "threshold": s["config"].eos_threshold}
                            for s in eos_sims],
@@ -365,6 +400,35 @@ def calibrate(model, requests: list[Request], gen: GenerationConfig, *, lam: flo
                      for v in verified],
         "seconds": time.perf_counter() - t0,
     }
+
+
+def confirm_choice(model, confirm: list[Request], gen: GenerationConfig, cfg: SeerConfig, *, batch_size: int = 16,
+                   score=None, max_drop: float = MAX_DROP, progress: bool = False, log=print) -> dict:
+    """Decode ``confirm`` (held-out requests the choice was not made on) with the baseline and with
+    Seer under ``cfg``, and report the choice there: its accuracy, its flips against the baseline,
+    McNemar's p and ``holds`` (it keeps the baseline's accuracy: ``calibration.accuracy``)."""
+    from tqdm.auto import tqdm
+
+    score = score or exact_match
+    with tqdm(total=len(confirm), desc="confirm: baseline", disable=not progress, file=sys.stderr) as bar:
+        base = run_requests(model, confirm, gen, batch_size=batch_size, progress=bar)
+    confirm = [r if r.truth_ids is not None else replace(r, truth_ids=list(a)) for r, a in zip(confirm, base.answers)]
+    base_right = right_answers(confirm, base.answers, score)
+    with tqdm(total=len(confirm), desc=f"confirm: {cfg.probe}", disable=not progress, file=sys.stderr) as bar:
+        res = run_requests(model, confirm, gen, seer=cfg, batch_size=batch_size, progress=bar)
+    right = right_answers(confirm, res.answers, score)
+    figures = paired_figures(base_right, right, max_drop=max_drop)
+    base_acc, acc = sum(base_right) / len(base_right), sum(right) / len(right)
+    tokens_ratio = base.positions_computed / max(1, res.positions_computed)
+    log(f"confirmed on {len(confirm)} held-out requests: exact match {acc:.3f} vs baseline {base_acc:.3f} "
+        f"({figures['right_to_wrong']} right->wrong, {figures['wrong_to_right']} wrong->right: {figures['verdict']}), "
+        f"tokens x{tokens_ratio:.2f} - " + ("it holds there" if figures["keeps_accuracy"] else
+                                         "it does NOT hold there: it loses accuracy"))
+    return {"requests": len(confirm),
+            "baseline": {"exact_match": base_acc, "tok_per_s": base.tok_per_s, "wall_s": base.wall_s},
+            "chosen": {"exact_match": acc, "tok_per_s": res.tok_per_s, "measured_speedup": base.wall_s / res.wall_s,
+                       "tokens_ratio": tokens_ratio, **figures},
+            "holds": figures["keeps_accuracy"]}
 
 
 def plot_profiles(prof: Profiles, true_end: list[int], cfg: SeerConfig, path: str, *, window: int,

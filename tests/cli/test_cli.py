@@ -148,6 +148,15 @@ def test_calibrate_a_checkpoint_from_jsonl(tmp_path, capsys):
     assert rc == 0, capsys.readouterr().err
     cfg = SeerConfig.from_json(out)
     assert 0 <= cfg.probe_layer < 2 and cfg.guard_mode == "redecode"
+    record = json.loads(out.read_text())["calibration"]
+    assert record["requests"] == 3 and record["confirm"]["requests"] == 3  # the file's halves
+    assert record["confirm"]["holds"] == record["confirm"]["chosen"]["keeps_accuracy"]
+    comp = record["compositions"]  # thresholds 0.8 0.9 0.95 x (no cache, prefix, dual) with Seer and DyLLM
+    assert comp["requests"] == 3 and comp["recommended"] in comp["rows"] and len(comp["rows"]) == 1 + 3 + 3 * 8
+    for name, row in comp["rows"].items():
+        assert row["wall_s_median"] > 0 and (name == "baseline" or "p_value" in row)
+    if comp["recommended"] != "baseline":
+        assert comp["confirm"]["requests"] == 3 and comp["recommended_form"]["name"] == comp["recommended"]
     rc = main(["generate", "--model", str(ckpt), "--prompt", "w1", "--gen-length", "8", "--seer", str(out)])
     assert rc == 0
     data.write_text("{\"prompt\": \"w1\"}\n")
@@ -162,7 +171,7 @@ def test_calibrate_dyllm_a_checkpoint_from_jsonl(tmp_path, capsys):
     baseline's answers and writes a DyLLMConfig that ``generate --dyllm`` accepts."""
     from seer_runtime.dyllm import DyLLMConfig
 
-    ckpt, data = checkpoint_and_requests(tmp_path, 4)
+    ckpt, data = checkpoint_and_requests(tmp_path, 6)
     out = tmp_path / "dyllm.json"
     rc = main(["calibrate-dyllm", "--model", str(ckpt), "--data", str(data), "--out", str(out), "--gen-length", "8",
                "--full-steps", "2", "--max-drop", "0.5"])
@@ -170,20 +179,26 @@ def test_calibrate_dyllm_a_checkpoint_from_jsonl(tmp_path, capsys):
     cfg = DyLLMConfig.from_json(out)
     assert cfg.full_steps == 2 and cfg.prompt_period == 4
     record = json.loads(out.read_text())["calibration"]
-    assert record["requests"] == 4 and record["max_drop"] == 0.5 and record["within_tolerance"]
+    # the file's first half chooses, the rest confirms (counted in the record)
+    assert record["requests"] == 3 and record["confirm"]["requests"] == 3
+    assert record["max_drop"] == 0.5 and record["within_tolerance"]
+    assert record["confirm"]["holds"] == record["confirm"]["chosen"]["keeps_accuracy"]
     assert len(record["candidates"]) == 12  # 4 taus (0.99 among them) x 3 attention modes
     assert cfg.to_dict() in [c["config"] for c in record["candidates"]]
     rc = main(["generate", "--model", str(ckpt), "--prompt", "w1", "--gen-length", "8", "--dyllm", str(out)])
     assert rc == 0
-    # this random tiny model changes at least one of four answers with every candidate (the
-    # prompt fed every fourth step changes one even where every row is recomputed): none within
-    # 0.2, the most accurate is written and the command says so with a non-zero status
+    # this random tiny model changes at least one of the first four answers with every candidate: none
+    # within 0.1, the most accurate is written and the command says so with a non-zero status
     rc = main(["calibrate-dyllm", "--model", str(ckpt), "--data", str(data), "--out", str(out), "--gen-length", "8",
-               "--full-steps", "2", "--max-drop", "0.2"])
-    assert rc == 1 and "no candidate kept the exact match within 0.2" in capsys.readouterr().err
+               "--full-steps", "2", "--max-drop", "0.1", "--requests", "4", "--confirm-requests", "2"])
+    assert rc == 1 and "no candidate kept the exact match within 0.1" in capsys.readouterr().err
     assert json.loads(out.read_text())["calibration"]["within_tolerance"] is False
     rc = main(["calibrate-dyllm", "--model", str(ckpt), "--data", str(data), "--max-drop", "1.5"])
     assert rc == 2 and "max_drop must be a number in [0, 1)" in capsys.readouterr().err
+    rc = main(["calibrate-dyllm", "--model", str(ckpt), "--data", str(data), "--requests", "5",
+               "--confirm-requests", "2"])
+    assert rc == 2 and "holds 6 requests: not enough for a choose set of 5 and a disjoint confirm set of 2" in \
+        capsys.readouterr().err
 
 
 def test_generate_on_an_embedded_model_by_name_from_any_directory(tmp_path, monkeypatch, capsys):

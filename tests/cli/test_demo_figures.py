@@ -1,7 +1,8 @@
-"""``seer demo``'s per-configuration figures: an over-truncated answer (the first cut fell before the
-baseline's end) is recovered (equal to the baseline's), completed differently (its end token
-inside its window: a complete answer the model finished sooner) or lost (no end token inside its
-window: content cut off), and nothing else."""
+"""``seer demo``'s per-configuration figures and output: an over-truncated answer (the first cut fell
+before the baseline's end) is recovered (equal to the baseline's), completed differently (its end
+token inside its window: a complete answer the model finished sooner) or lost (no end token inside
+its window: content cut off), and nothing else; the table's columns are JSON keys and none is
+empty; files are written only where asked."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import json
 
 import pytest
 
-from seer_runtime.cli.demo import _figures
+from seer_runtime.cli.demo import _seer_figures, format_table
 from seer_runtime.evaluate import RunResult
 
 pytestmark = pytest.mark.cli
@@ -31,10 +32,25 @@ def test_over_truncated_answers_are_recovered_completed_differently_or_lost():
         keep_len=[6, 6, 6, 8], boundary=[5, 5, 5, 7], final_window=[16, 6, 6, 8], guard_events=[1, 0, 0, 0],
         premature_cuts=[0, 0, 0, 0],
     )
-    fig = _figures(seer, base, WINDOW, lambda answers: {"exact_match": 1.0})
+    fig = _seer_figures(seer, base, WINDOW)
     assert fig["over_truncated"] == 3  # rows 0-2: cut at 6 before the baseline's end at 10
     assert (fig["recovered"], fig["completed_differently"], fig["lost_answers"]) == (1, 1, 1)
-    assert fig["differs_from_baseline"] == 2
+    assert fig["boundary_mae"] == pytest.approx((5 + 5 + 5 + 4) / 4)
+
+
+def test_the_table_shows_json_keys_and_no_empty_column():
+    figures = {"baseline": {"exact_match": 0.95, "nfe": 33.0, "tok_per_s": 10.0},
+               "seer:eos_prob": {"exact_match": 0.9375, "right_to_wrong": 3, "wrong_to_right": 2,
+                                 "verdict": "within noise (p=1)", "speedup": 2.5, "ideal_speedup": 3.0, "nfe": 27.0}}
+    table = format_table(figures, recommended="seer:eos_prob").splitlines()
+    assert table[0].split() == ["config", "exact_match", "right_to_wrong", "wrong_to_right", "verdict", "speedup",
+                                "ideal_speedup", "nfe"]
+    assert table[2].split() == ["baseline", "0.950", "-", "-", "-", "-", "-", "33.0"]
+    assert "seer:eos_prob *" in table[3] and "within noise (p=1)" in table[3] and "x2.50" in table[3]
+    assert len({len(line) for line in table[:2]}) == 1  # aligned
+    no_speed = {name: {k: v for k, v in f.items() if k not in ("speedup", "ideal_speedup")}
+                for name, f in figures.items()}
+    assert "speedup" not in format_table(no_speed)  # a column no row has is left out
 
 
 @pytest.mark.usefixtures("reference_kernels")
@@ -46,6 +62,26 @@ def test_only_decodes_the_named_configurations_and_the_recommended_probe(tmp_pat
                  "--json", str(out), "--plot", str(tmp_path / "profiles.png")]) == 0
     fig = json.loads(out.read_text())
     assert set(fig["probes"]) == {"eos_prob"} and set(fig["methods"]) == {"dyllm"}
+    assert list(fig["configurations"]) == ["seer:eos_prob", "dyllm"]
+    for row in fig["configurations"].values():  # accuracy with its uncertainty on every row
+        for key in ("exact_match", "right_to_wrong", "wrong_to_right", "p_value", "verdict", "keeps_accuracy",
+                    "wall_s_passes", "wall_s_median", "timing_noisy"):
+            assert key in row, key
+    rec = fig["recommended"]
+    assert rec["name"] in ["baseline", *fig["configurations"]] and "against" in rec
+
+
+@pytest.mark.usefixtures("reference_kernels")
+def test_the_demo_writes_no_file_it_was_not_asked_for(tmp_path, monkeypatch, capsys):
+    from seer_runtime.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["demo", "--requests", "2", "--batch-size", "2", "--only", "threshold:0.9+dual",
+                 "--repeats", "1"]) == 0
+    assert list(tmp_path.iterdir()) == []  # no out/seer_demo_sparsity.png without --plot
+    out = capsys.readouterr().out
+    assert "recommended:" in out and "as JSON: " in out and "one timed pass" in out
+    assert "SeerConfig(" not in out
 
 def test_an_unknown_only_name_is_refused_before_the_model_loads(capsys, monkeypatch):
     import model_adapters.embedded.arith.serving as arith
@@ -54,3 +90,4 @@ def test_an_unknown_only_name_is_refused_before_the_model_loads(capsys, monkeypa
     monkeypatch.setattr(arith, "load_embedded", lambda *a, **k: pytest.fail("the model must not be loaded"))
     assert main(["demo", "--workload", "arith", "--requests", "2", "--only", "seer:nonsense"]) == 2
     assert "seer demo: error: --only: unknown configuration(s) ['seer:nonsense']" in capsys.readouterr().err
+    assert main(["demo", "--workload", "arith", "--only", "seer+threshold:0.8"]) == 2  # 0.8 is not in --thresholds

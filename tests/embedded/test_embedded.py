@@ -271,8 +271,9 @@ def test_shipped_seer_config_and_demo_json(tmp_path, reference_kernels):
     saved = json.loads(SEER_CONFIG_FILE.read_text())
     assert cfg.probe == saved["probe"] and cfg.guard
     out = tmp_path / "demo.json"
-    assert main(["demo", "--requests", "8", "--batch-size", "8", "--json", str(out),
-                 "--plot", str(tmp_path / "profiles.png")]) == 0
+    methods = ["dyllm", "threshold:0.9", "seer+threshold:0.9", "seer+threshold:0.9+dyllm", "seer+threshold:0.9+dual"]
+    assert main(["demo", "--requests", "8", "--batch-size", "8", "--json", str(out), "--repeats", "1",
+                 "--plot", str(tmp_path / "profiles.png"), "--only", "seer:sparsity", "seer:both", *methods]) == 0
     fig = json.loads(out.read_text())
     for key in ("requests", "baseline", "seer", "speedup", "ideal_speedup", "boundary_mae",
                 "over_truncation_rate", "recovered", "lost_answers", "probes"):
@@ -287,28 +288,64 @@ def test_shipped_seer_config_and_demo_json(tmp_path, reference_kernels):
         assert probe["positions_computed"] <= fig["baseline"]["positions_computed"]
         assert probe["recovered"] + probe["completed_differently"] + probe["lost_answers"] == probe["over_truncated"]
     # DyLLM, threshold parallel decoding and their compositions with Seer, beside the probes
+    assert list(fig["methods"]) == methods
     methods = fig["methods"]
-    assert set(methods) == {"dyllm", "threshold:0.9", "seer+threshold", "seer+threshold+dyllm"}
     assert methods["dyllm"]["dyllm_flop_ratio"] < 1 and methods["dyllm"]["ideal_speedup"] > 1
-    for name in ("threshold:0.9", "seer+threshold"):  # a threshold cuts the steps, hence the forwards
+    for name in ("threshold:0.9", "seer+threshold:0.9"):  # a threshold cuts the steps, hence the forwards
         assert methods[name]["nfe"] < fig["baseline"]["nfe"], name
-    assert methods["seer+threshold"]["positions_computed"] <= methods["threshold:0.9"]["positions_computed"]
+    assert methods["seer+threshold:0.9"]["positions_computed"] <= methods["threshold:0.9"]["positions_computed"]
+    assert (tmp_path / "profiles.png").stat().st_size > 0
 
 
 def test_shipped_dyllm_config_is_the_calibrated_choice():
-    """``seer calibrate-dyllm`` wrote the shipped DyLLMConfig with every candidate's figures; the
-    choice is the cheapest candidate within its tolerance of the baseline (checked from the record)."""
+    """``seer calibrate-dyllm`` wrote each embedded model's shipped DyLLMConfig with every candidate's figures; the
+    choice is the cheapest candidate that keeps the baseline's accuracy on the choose set (checked
+    from the record), confirmed on a disjoint set; both sets at least 64 requests."""
+    from model_adapters.embedded.arith import serving as arith
     from model_adapters.embedded.serving import DYLLM_CONFIG_FILE, default_dyllm_config
+
+    check_dyllm_record(DYLLM_CONFIG_FILE, default_dyllm_config())
+    check_dyllm_record(arith.DYLLM_CONFIG_FILE, arith.default_dyllm_config())
+
+
+def check_dyllm_record(path, cfg) -> None:
+    """The shipped DyLLM choice against its calibration record (shared with the arith model's test)."""
     from seer_runtime.calibration.dyllm import choose
     from seer_runtime.dyllm import DyLLMConfig
 
-    cfg = default_dyllm_config()
-    record = json.loads(DYLLM_CONFIG_FILE.read_text())["calibration"]
+    record = json.loads(path.read_text())["calibration"]
     cands = [{**c, "config": DyLLMConfig.from_dict(c["config"])} for c in record["candidates"]]
-    best, within = choose(cands, record["baseline"]["exact_match"], record["max_drop"])
+    best, within = choose(cands)
+    confirm = record["confirm"]
+    if "replaced_key_correction" in confirm:  # key correction kept fewer answers on the confirm set
+        best, within = choose([c for c in cands if c["config"].attention_mode != "partial"])
     assert cfg == best["config"] and within == record["within_tolerance"]
     assert {(c["config"].tau, c["config"].attention_mode) for c in cands} >= {
         (0.99, "partial"), (0.99, "paper"), (0.99, "exact")}
+    for c in cands:  # flips and p beside each accuracy
+        assert {"right_to_wrong", "wrong_to_right", "p_value", "keeps_accuracy"} <= set(c)
+    assert record["requests"] >= 64 and confirm["requests"] >= 64
+    assert DyLLMConfig.from_dict(confirm["chosen"]["config"]) == cfg
+    assert confirm["holds"] == confirm["chosen"]["keeps_accuracy"]
+
+
+def test_shipped_seer_config_records_its_choose_and_confirm_sets():
+    """``seer calibrate`` chose the shipped SeerConfig on at least 64 requests and confirmed it on at
+    least 64 others, with the flips and McNemar's p of every verified candidate; the composition
+    it recommends was confirmed beside Fast-dLLM alone."""
+    from model_adapters.embedded import arith
+    from model_adapters.embedded.serving import SEER_CONFIG_FILE
+
+    for path in (SEER_CONFIG_FILE, arith.ARITH_DIR / "seer_config.json"):
+        record = json.loads(path.read_text())["calibration"]
+        assert record["requests"] >= 64 and record["confirm"]["requests"] >= 64, path
+        assert record["confirm"]["holds"] == record["confirm"]["chosen"]["keeps_accuracy"]
+        for v in record["verified"]:
+            assert {"right_to_wrong", "wrong_to_right", "p_value", "keeps_accuracy"} <= set(v)
+        comp = record["compositions"]
+        assert comp["requests"] == record["requests"] and comp["recommended"] in comp["rows"]
+        if comp["recommended"] != "baseline":
+            assert comp["confirm"]["requests"] == record["confirm"]["requests"]
 
 
 def test_calibration_jsonl_round_trips(tmp_path):
