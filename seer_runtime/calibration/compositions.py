@@ -14,7 +14,9 @@ decoded by every configuration in turn, so all see the same load on a shared mac
 pass gives the answers (decoding is deterministic: later passes only time); then the
 configurations in contention are decoded again, ``repeats`` more passes, each batch's order
 rotated from pass to pass. A configuration's wall time is the median over its passes, and the
-spread of its passes ((max - min) / median) says how far to trust it (:data:`NOISY_SPREAD`).
+spread of its passes ((max - min) / median) says how far to trust it (:data:`NOISY_SPREAD`). In
+contention: the configurations that keep the baseline's accuracy with a first pass at most
+:data:`CONTENTION` times the fastest of theirs (a slower one is not timed again: it cannot win).
 
 The recommendation (:func:`recommend`): among the baseline and the configurations that keep its
 accuracy (``calibration.accuracy``'s rule: at most one point below it, no significant loss by
@@ -36,6 +38,9 @@ from .accuracy import MAX_DROP, paired_figures, right_answers
 
 #: a configuration whose timed passes spread more than this ((max - min) / median) is noisy
 NOISY_SPREAD = 0.15
+#: a configuration is timed again when its first pass took at most this many times the fastest
+#: first pass among those that keep the accuracy (a slower one cannot win on a few repeats)
+CONTENTION = 2.0
 #: the block caches the search tries (None: no block cache)
 BLOCK_CACHES = (None, "prefix", "dual")
 
@@ -221,8 +226,8 @@ def measure(model, requests: list[Request], gen: GenerationConfig, plans: dict[s
     """Decode ``requests`` with the baseline (``gen``) and every plan side by side
     (:func:`decode_side_by_side`), score them against the requests' references (a request without
     one: the baseline's answer), then time the configurations in contention - those that keep the
-    baseline's accuracy, and ``also_time`` - in ``repeats - 1`` more alternating passes
-    (:func:`time_side_by_side`).
+    baseline's accuracy with a first pass at most :data:`CONTENTION` times the fastest of them, and
+    ``also_time`` - in ``repeats - 1`` more alternating passes (:func:`time_side_by_side`).
 
     score: ``(requests, answers) -> accuracy`` (per request: :func:`~.accuracy.right_answers`).
     Returns ``(results, figures, recommended)``: each configuration's first-pass
@@ -245,8 +250,10 @@ def measure(model, requests: list[Request], gen: GenerationConfig, plans: dict[s
     figures = {name: run_figures(res, None if name == "baseline" else base, right_answers(requests, res.answers, score),
                                  base_right, max_drop=max_drop)
                for name, res in results.items()}
+    keeping = [name for name in plans if figures[name]["keeps_accuracy"]]
+    fastest = min((figures[name]["wall_s"] for name in keeping), default=0.0)
     contention = {name: plan for name, plan in plans.items()
-                  if figures[name]["keeps_accuracy"] or name in also_time}
+                  if (name in keeping and figures[name]["wall_s"] <= CONTENTION * fastest) or name in also_time}
     walls = time_side_by_side(model, requests, contention, batch_size=batch_size, repeats=repeats - 1,
                               progress=progress) if repeats > 1 and contention else {}
     for name, f in figures.items():

@@ -443,7 +443,9 @@ def plot_profiles(prof: Profiles, true_end: list[int], cfg: SeerConfig, path: st
     first = cfg.layers[0]
     e = min(range(len(prof.factors)),
             key=lambda i: abs(float(prof.eps[prof.layers.index(first), i]) - cfg.eps_for(first)))
-    keep = simulate(prof, true_end, cfg, layer_ids=cfg.layers, eps_index=e, window=window)
+    # the chosen probe's own step-0 decision (the end probability's for eos_prob, not the sparsity test's)
+    keep = simulate_eos(prof, cfg.eos_threshold, window=window) if cfg.probe == "eos_prob" else \
+        simulate(prof, true_end, cfg, layer_ids=cfg.layers, eps_index=e, window=window)
     picks = sorted(range(len(true_end)), key=lambda r: true_end[r])
     picks = [picks[int(k * (len(picks) - 1) / max(1, requests - 1))] for k in range(requests)]
     fig, axes = plt.subplots(1, requests, figsize=(4 * requests, 3.2), sharey=True)
@@ -453,14 +455,14 @@ def plot_profiles(prof: Profiles, true_end: list[int], cfg: SeerConfig, path: st
                     alpha=1.0 if layer in cfg.layers else 0.45, label=f"layer {layer}")
         ax.axvline(true_end[r], color="k", ls="--", lw=1, label="true end")
         if keep[r] < window:
-            ax.axvline(keep[r] - 1, color="r", ls=":", lw=1.5, label="detected boundary")
-        ax.set_title(f"request {r}: answer of {true_end[r]} tokens", fontsize=9)
+            ax.axvline(keep[r] - 1, color="r", ls=":", lw=1.5, label=f"{cfg.probe} boundary")
+        ax.set_title(f"request {r}: answer of {true_end[r]} token{'' if true_end[r] == 1 else 's'}", fontsize=9)
         ax.set_xlabel("response position")
     axes[0].set_ylabel(f"step-0 MLP sparsity (|a| < {prof.factors[e]} x RMS)")
-    axes[-1].legend(fontsize=7, loc="lower right")
+    axes[-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the data, not over it
     fig.tight_layout()
     try:
         with atomic_write(path, "wb") as f:  # a figure interrupted while written leaves no partial file
-            fig.savefig(f, dpi=110, format=Path(path).suffix.lstrip(".").lower() or "png")
+            fig.savefig(f, dpi=110, bbox_inches="tight", format=Path(path).suffix.lstrip(".").lower() or "png")
     finally:
         plt.close(fig)

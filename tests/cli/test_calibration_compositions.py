@@ -10,6 +10,7 @@ import torch
 from seer_runtime import DyLLMConfig, GenerationConfig, SeerConfig
 from seer_runtime.calibration.accuracy import keeps_accuracy, paired_figures, right_answers, verdict
 from seer_runtime.calibration.compositions import (
+    CONTENTION,
     Composition,
     against,
     composition_name,
@@ -127,13 +128,16 @@ def test_measure_decodes_side_by_side_and_times_the_configurations_in_contention
     plans = {c.name: c for c in grid}
     plans["dual"] = Composition("dual", gen.replace(block_cache="dual"))
     plans["never_right"] = Composition("never_right", gen.replace(steps=2))  # 4 tokens per step: changes answers
+    plans["same"] = Composition("same", gen)  # the baseline's decoding under another name: keeps every answer
     results, figures, best = measure(model, requests, gen, plans, batch_size=2, score=exact_match, repeats=3,
                                      progress=False)
-    assert list(figures) == ["baseline", "threshold:0.001", "threshold:0.001+dual", "dual", "never_right"]
+    assert list(figures) == ["baseline", "threshold:0.001", "threshold:0.001+dual", "dual", "never_right", "same"]
+    assert figures["same"]["keeps_accuracy"] and figures["same"]["verdict"] == "same verdicts"
     assert figures["baseline"]["exact_match"] == 1.0  # no references: the baseline's answers are
     for name, f in figures.items():
         assert len(results[name].answers) == 4
-        timed = name != "baseline" and f["keeps_accuracy"]
+        fastest = min(g["wall_s"] for n, g in figures.items() if n != "baseline" and g["keeps_accuracy"])
+        timed = name != "baseline" and f["keeps_accuracy"] and f["wall_s"] <= CONTENTION * fastest
         assert len(f["wall_s_passes"]) == (3 if timed else 1), name
         assert f["wall_s_median"] > 0 and (f["wall_spread"] is None) == (not timed)
         if name != "baseline":  # the references are the baseline's answers: every change is a loss
