@@ -153,6 +153,9 @@ def summary_rows(out, *, gen=None, answer_tokens: int | None = None) -> list[tup
     steps = stats.steps
     step_text = (_plural(steps[0], "denoising step") if len(set(steps)) == 1 else
                  f"{min(steps)}-{max(steps)} denoising steps per request") if steps else "no steps"
+    saved = sum(stats.steps_saved)
+    if saved:  # early stop: the steps the ended requests did not run
+        step_text += f", {_plural(saved, 'step')} saved by early stop"
     rows.append(("forwards", f"{stats.nfe} (NFE; {step_text})"))
     if gen is not None and gen.threshold is not None:
         rows.append(("threshold", f"{gen.threshold} (every position at or above it committed): "

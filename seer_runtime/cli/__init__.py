@@ -13,6 +13,7 @@ one line, ``seer COMMAND: warning: MESSAGE``, without Python's source line under
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import warnings
 from contextlib import contextmanager
@@ -45,9 +46,33 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_parsers(sub)
     calibrate.add_parsers(sub)
     run.add_parsers(sub)
+    verbose_help = "print the runtime's notices (INFO logs of seer_runtime, e.g. that steps run eagerly without CUDA)"
+    parser.add_argument("-v", "--verbose", action="store_true", help=verbose_help)
     for command in sub.choices.values():  # every option's help with its default
         command.formatter_class = HelpFormatter
+        # after the command too (seer generate -v ...); SUPPRESS keeps the top level's value when absent
+        command.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=verbose_help)
     return parser
+
+
+@contextmanager
+def runtime_notices(command: str, verbose: bool):
+    """With ``verbose``, ``seer_runtime``'s INFO logs print to stderr as ``seer COMMAND: MESSAGE``
+    for the block (the logger's level and handlers come back after it)."""
+    if not verbose:
+        yield
+        return
+    log = logging.getLogger("seer_runtime")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(f"seer {command}: %(message)s"))
+    level = log.level
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
 
 
 @contextmanager
@@ -70,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.progress = CommandProgress()
     try:
-        with warnings_as_lines(args.command):
+        with warnings_as_lines(args.command), runtime_notices(args.command, args.verbose):
             return int(args.func(args) or 0)
     except KeyboardInterrupt:  # Ctrl-C: one line saying how far it got and what is on disk, no traceback
         # a new line first: the terminal's "^C" (and any progress bar) leave the cursor mid-line

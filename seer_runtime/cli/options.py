@@ -183,6 +183,9 @@ def add_generation_options(p: argparse.ArgumentParser, *, with_policies: bool = 
                         "follows the model (default: off, a fixed count per step)")
     g.add_argument("--block-cache", default=None, choices=["prefix", "dual"],
                    help="Fast-dLLM's block K/V cache, LLaDA family (default: none)")
+    g.add_argument("--early-stop", dest="early_stop", action="store_true", default=None,
+                   help="end a request on the step that commits its end token with every earlier position "
+                        "committed (its answer unchanged; default: every planned step runs)")
     g.add_argument("--gen-json", default=None, type=path_text,
                    help="a JSON file of GenerationConfig fields, over the checkpoint's and under the options given")
     if not with_policies:
@@ -205,7 +208,7 @@ def generation_config(args, checkpoint: str | Path | None = None) -> GenerationC
     if args.threshold is not None and args.steps is None:
         fields.pop("steps", None)  # a threshold decides the steps: the checkpoint's count is not used
     for name in ("gen_length", "steps", "block_length", "temperature", "remasking", "alg", "cfg_scale", "schedule",
-                 "step_ratio", "prefix_cache", "threshold", "block_cache"):
+                 "step_ratio", "prefix_cache", "threshold", "block_cache", "early_stop"):
         value = getattr(args, name)
         if value is not None:
             fields[name] = value

@@ -262,3 +262,30 @@ def test_a_warning_prints_as_one_line_naming_the_command():
         with pytest.warns(UserWarning, match="still recorded"):
             warnings.warn("still recorded", UserWarning, stacklevel=1)
     assert warnings.formatwarning is before
+
+
+def test_generate_early_stop_and_verbose(tmp_path, monkeypatch, capsys):
+    """``--early-stop`` keeps the answer and the summary counts the steps it saved (the arith model
+    decodes blocks of 32 in order, so its answer ends blocks before its window does; the demo
+    model commits its end-of-text padding first and ends on its last step); ``-v`` prints the
+    runtime's INFO notices, here that the CPU runs steps eagerly."""
+    import logging
+
+    from seer_runtime import graphs as graphs_module
+
+    monkeypatch.chdir(tmp_path)
+    question = "sam has 3 apples . he buys 4 more . how many apples does he have ?"
+    monkeypatch.setattr(graphs_module, "_announced", set())
+    rc = main(["generate", "--model", "arith", "--prompt", question])
+    full = capsys.readouterr()
+    assert rc == 0 and "eagerly" not in full.err
+    monkeypatch.setattr(graphs_module, "_announced", set())  # the notice is said once per process
+    rc = main(["generate", "--model", "arith", "--prompt", question, "--early-stop", "-v"])
+    early = capsys.readouterr()
+    assert rc == 0 and early.out == full.out and "answer" in early.out
+    assert "seer generate: steps run eagerly on cpu" in early.err
+    forwards = summary_of(early.err)["forwards"]
+    saved = int(re.search(r"(\d+) steps saved by early stop", forwards).group(1))
+    assert saved >= 32 and summary_of(full.err)["forwards"].startswith(f"{128 + 1} ")  # 128 steps and the prefill
+    assert forwards.startswith(f"{128 + 1 - saved} ")
+    assert logging.getLogger("seer_runtime").level == logging.NOTSET  # the command put it back
