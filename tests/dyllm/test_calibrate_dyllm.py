@@ -8,34 +8,46 @@ import pytest
 import torch
 
 from seer_runtime import DyLLMConfig, GenerationConfig
-from seer_runtime.calibration.dyllm import calibrate_dyllm, choose, ideal_speedup
+from seer_runtime.calibration.dyllm import calibrate_dyllm, choose, eligible, ideal_speedup
 from seer_runtime.evaluate import Request
 from tests.tiny_models import tiny
 
 pytestmark = [pytest.mark.dyllm, pytest.mark.usefixtures("reference_kernels")]
 
 
-def cand(acc, speed, **cfg):
-    return {"accuracy": acc, "ideal_speedup": speed, "config": DyLLMConfig(**cfg)}
+def cand(acc, speed, keeps=True, beats=None, **cfg):
+    c = {"accuracy": acc, "ideal_speedup": speed, "keeps_accuracy": keeps, "config": DyLLMConfig(**cfg)}
+    if beats is not None:
+        c["beats_authors_update"] = beats
+    return c
 
 
-def test_choose_the_cheapest_within_the_tolerance():
-    paper, fast_bad, ok, ok_fast = cand(0.70, 2.5), cand(0.80, 4.0, tau=0.9), cand(0.86, 2.6, tau=0.98), cand(
-        0.855, 2.8, tau=0.97)
-    best, within = choose([paper, fast_bad, ok, ok_fast], 0.865, 0.01)
-    assert best is ok_fast and within  # 0.855 is exactly one point below: allowed
-    assert choose([paper, fast_bad, ok, ok_fast], 0.865, 0.0) == (ok, False)  # none qualifies: the most accurate
+def test_choose_the_cheapest_that_keeps_the_accuracy():
+    authors, fast_bad, ok, ok_fast = cand(0.70, 2.5, keeps=False), cand(0.80, 4.0, keeps=False, tau=0.9), \
+        cand(0.86, 2.6, tau=0.98), cand(0.855, 2.8, tau=0.97)
+    assert choose([authors, fast_bad, ok, ok_fast]) == (ok_fast, True)
+    none_kept = [authors, fast_bad, {**ok, "keeps_accuracy": False}]
+    assert choose(none_kept) == (none_kept[2], False)  # none qualifies: the most accurate, said so
+
+
+def test_key_correction_must_keep_more_answers_than_the_authors_update():
+    authors = cand(0.9, 2.0, tau=0.98)
+    corrected = cand(0.9, 2.1, beats=False, tau=0.98, key_correction=True)
+    assert choose([authors, corrected]) == (authors, True)  # faster, but keeps no more answers
+    better = {**corrected, "beats_authors_update": True}
+    assert choose([authors, better]) == (better, True)
+    assert not eligible(cand(0.9, 2.1, tau=0.98, key_correction=True))  # not measured: not eligible
 
 
 def test_choose_ties_and_edge_cases():
     a, b = cand(0.9, 2.0), cand(0.9, 2.0, tau=0.98)
-    assert choose([a, b], 0.9, 0.01) == (a, True)  # exact tie: the earlier (the paper's settings)
-    assert choose([b, a], 0.9, 0.01) == (b, True)
+    assert choose([a, b]) == (a, True)  # exact tie: the earlier (the authors' settings)
+    assert choose([b, a]) == (b, True)
     higher = cand(0.95, 2.0, tau=0.97)
-    assert choose([a, higher], 0.9, 0.01) == (higher, True)  # same speed: the more accurate
-    assert choose([a], 0.99, 0.0) == (a, False)
+    assert choose([a, higher]) == (higher, True)  # same speed: the more accurate
+    assert choose([{**a, "keeps_accuracy": False}])[1] is False
     with pytest.raises(ValueError, match="candidates is empty"):
-        choose([], 0.9, 0.01)
+        choose([])
 
 
 def test_ideal_speedup_sums_the_batches():
@@ -50,40 +62,36 @@ def test_calibrate_on_a_tiny_model(kind, tmp_path):
     model = tiny(kind)
     torch.manual_seed(3)
     requests = [Request(torch.randint(5, 200, (n,)).tolist(), None, None) for n in (3, 5, 4)]
+    confirm = [Request(torch.randint(5, 200, (n,)).tolist(), None, None) for n in (4, 6)]
     gen = GenerationConfig(gen_length=8, steps=8)
     logs = []
-    out = calibrate_dyllm(model, requests, gen, taus=(0.98,), full_steps=2, batch_size=2, log=logs.append)
+    out = calibrate_dyllm(model, requests, gen, confirm=confirm, taus=(0.98,), full_steps=2, batch_size=2,
+                          log=logs.append)
     default_tau = 0.99 if model.family == "llada" else 0.995
     got = [(c["config"]["tau"], DyLLMConfig.from_dict(c["config"]).attention_mode) for c in out["candidates"]]
-    assert got == [(default_tau, "paper"), (0.98, "paper"), (0.98, "partial"), (default_tau, "partial"),
-                   (0.98, "exact"), (default_tau, "exact")]
+    low, high = sorted({0.98, default_tau})
+    assert got == [(default_tau, "paper"), (low, "paper"), (low, "partial"), (high, "partial"), (low, "exact"),
+                   (high, "exact")]
     assert out["candidates"][0]["config"] == DyLLMConfig.for_model(model, full_steps=2).to_dict()  # the defaults first
     assert out["baseline"]["exact_match"] == 1.0  # no references: agreement with the baseline
     for c in out["candidates"]:
         assert c["accuracy"] == pytest.approx(1.0 - c["changed"] / len(requests)) and c["ideal_speedup"] > 0
-    chosen = out["config"]
-    best, within = choose([{**c, "config": DyLLMConfig.from_dict(c["config"])} for c in out["candidates"]], 1.0, 0.01)
-    assert chosen == best["config"] and out["within_tolerance"] == within
-    assert any("chosen:" in line for line in logs)
-    chosen.to_json(tmp_path / "d.json", calibration={k: v for k, v in out.items() if k != "config"})
-    assert DyLLMConfig.from_json(tmp_path / "d.json") == chosen
-    assert json.loads((tmp_path / "d.json").read_text())["calibration"]["requests"] == 3
-    assert all(r.truth_ids is None for r in requests)  # the caller's requests are not modified
-    for c in out["candidates"]:
+        assert c["right_to_wrong"] == c["changed"] and c["wrong_to_right"] == 0 and 0 <= c["p_value"] <= 1
         assert 0 < c["salient_fraction"] <= 1
+    assert out["requests"] == 3 and out["confirm"]["requests"] == 2
+    assert out["confirm"]["chosen"]["config"] == out["config"].to_dict()
+    assert out["confirm"]["holds"] == out["confirm"]["chosen"]["keeps_accuracy"]
+    assert any("chosen on the choose set" in line for line in logs) and any("confirmed on 2" in line for line in logs)
+    out["config"].to_json(tmp_path / "d.json", calibration={k: v for k, v in out.items() if k != "config"})
+    assert DyLLMConfig.from_json(tmp_path / "d.json") == out["config"]
+    assert json.loads((tmp_path / "d.json").read_text())["calibration"]["requests"] == 3
+    assert all(r.truth_ids is None for r in requests + confirm)  # the caller's requests are not modified
     with pytest.raises(ValueError, match="max_drop"):
-        calibrate_dyllm(model, requests, gen, max_drop=-0.1)
+        calibrate_dyllm(model, requests, gen, confirm=confirm, max_drop=-0.1)
     with pytest.raises(ValueError, match="requests is empty"):
-        calibrate_dyllm(model, [], gen)
+        calibrate_dyllm(model, [], gen, confirm=confirm)
+    with pytest.raises(ValueError, match="confirm is empty"):
+        calibrate_dyllm(model, requests, gen, confirm=[])
     for bad in ((0.99, float("nan")), (0.0,), ("0.9",)):
         with pytest.raises(ValueError, match="taus must hold finite numbers > 0"):
-            calibrate_dyllm(model, requests, gen, taus=bad)
-
-
-def test_config_json_errors(tmp_path):
-    with pytest.raises(TypeError, match="must be read from a JSON object"):
-        DyLLMConfig.from_dict([1])
-    with pytest.raises(TypeError, match="unexpected keyword argument 'tau'"):  # only a calibration record
-        DyLLMConfig().to_json(tmp_path / "d.json", tau=0.5)
-    with pytest.raises(ValueError, match=r"unknown DyLLMConfig fields: \['threshold'\]"):
-        DyLLMConfig.from_dict({"tau": 0.9, "threshold": 0.5, "calibration": {}})
+            calibrate_dyllm(model, requests, gen, confirm=confirm, taus=bad)

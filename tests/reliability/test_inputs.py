@@ -93,6 +93,7 @@ BAD_CONFIGS = [
     Bad("gen-threshold-with-schedule", lambda: G(threshold=0.9, schedule="cosine"), ValueError,
         "cannot be combined with schedule or step_ratio"),
     Bad("gen-check_finite-int", lambda: G(check_finite=1), TypeError, "check_finite must be a bool"),
+    Bad("gen-early_stop-str", lambda: G(early_stop="yes"), TypeError, "early_stop must be a bool"),
     Bad("gen-block_cache-unknown", lambda: G(block_cache="full"), ValueError, "block_cache must be one of"),
     Bad("gen-block_cache-with-cfg", lambda: G(block_cache="dual", cfg_scale=1.0), ValueError,
         "block_cache with cfg_scale > 0"),
