@@ -60,9 +60,12 @@ def test_only_decodes_the_named_configurations_and_the_recommended_probe(tmp_pat
     out = tmp_path / "demo.json"
     assert main(["demo", "--workload", "arith", "--requests", "2", "--batch-size", "2", "--only", "dyllm",
                  "--json", str(out), "--plot", str(tmp_path / "profiles.png")]) == 0
+    from model_adapters.embedded.arith.serving import default_seer_config
+
+    shipped = default_seer_config().probe  # the shipped probe's row comes with any --only
     fig = json.loads(out.read_text())
-    assert set(fig["probes"]) == {"eos_prob"} and set(fig["methods"]) == {"dyllm"}
-    assert list(fig["configurations"]) == ["seer:eos_prob", "dyllm"]
+    assert set(fig["probes"]) == {shipped} and set(fig["methods"]) == {"dyllm"}
+    assert list(fig["configurations"]) == [f"seer:{shipped}", "dyllm"]
     for row in fig["configurations"].values():  # accuracy with its uncertainty on every row
         for key in ("exact_match", "right_to_wrong", "wrong_to_right", "p_value", "verdict", "keeps_accuracy",
                     "wall_s_passes", "wall_s_median", "timing_noisy"):

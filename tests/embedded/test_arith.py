@@ -261,8 +261,8 @@ def test_demo_with_the_arith_workload_writes_its_figures(tmp_path):
     out = tmp_path / "demo.json"
     methods = ["dyllm", "threshold:0.9", "seer+threshold:0.9", "threshold:0.9+dual", "seer+threshold:0.9+dual"]
     assert main(["demo", "--workload", "arith", "--requests", "2", "--batch-size", "2", "--json", str(out),
-                 "--plot", str(tmp_path / "profiles.png"), "--repeats", "1", "--only", "seer:sparsity", "seer:both",
-                 *methods]) == 0
+                 "--plot", str(tmp_path / "profiles.png"), "--repeats", "1", "--only", "seer:sparsity", "seer:eos_prob",
+                 "seer:both", *methods]) == 0
     fig = json.loads(out.read_text())
     for key in ("requests", "baseline", "seer", "speedup", "ideal_speedup", "boundary_mae", "over_truncation_rate",
                 "recovered", "lost_answers", "probes", "methods"):
