@@ -41,13 +41,14 @@ def ckpt(tmp_path_factory):
     question = {"question": "what colour is the circle ?"}
     lines = {
         "answr.jsonl": [question, {"question": "count to two", "answr": "one two"}],
-        "image.jsonl": [{"question": "w1 w2", "image": "red.png"}],
+        "image.jsonl": [{"question": "w1 w2", "image": "red.png"}, {"question": "w2 w1", "image": "red.png"}],
         "cut.jsonl": [question, {**question, "image": "red.png"}, {**question, "image": "cut.png"}],
     }
     for name, items in lines.items():
         (d / name).write_text("".join(json.dumps(x) + "\n" for x in items))
     (d / "latin1.jsonl").write_bytes(b'{"question": "count to two"}\n{"question": "caf\xe9 ?"}\n')
-    (d / "data.jsonl").write_text(json.dumps({"question": "w1 w2"}) + "\n")
+    # two requests: one to choose on, one to confirm on
+    (d / "data.jsonl").write_text(json.dumps({"question": "w1 w2"}) + "\n" + json.dumps({"question": "w2 w1"}) + "\n")
     return d
 
 
@@ -207,18 +208,19 @@ def _generate_interrupted(d, monkeypatch):
 
 
 def _demo_interrupted(d, monkeypatch):
-    from seer_runtime.cli import demo
+    from seer_runtime.calibration import compositions
 
-    _interrupt_at(monkeypatch, demo, "run_requests", after_calls=2)  # batch 1: baseline + seer; batch 2: stop
+    # one warm-up call per configuration, batch 1 (baseline, seer), then batch 2 stops
+    _interrupt_at(monkeypatch, compositions, "run_requests", after_calls=4)
     out = d / "demo_out"
     return ["demo", "--requests", "4", "--batch-size", "2", "--only", "seer:eos_prob", "--json",
             str(out / "demo.json"), "--plot", str(out / "p.png")], [out / "demo.json", out / "p.png"]
 
 
 def _demo_interrupted_in_the_plot(d, monkeypatch):
-    from seer_runtime.cli import demo
+    from seer_runtime.calibration import plots
 
-    _interrupt_at(monkeypatch, demo, "step0_profiles")
+    _interrupt_at(monkeypatch, plots, "plot_demo")
     out = d / "demo_plot"
     return ["demo", "--requests", "2", "--batch-size", "2", "--only", "seer:eos_prob", "--json",
             str(out / "demo.json"), "--plot", str(out / "p.png")], [out / "p.png"]
@@ -247,9 +249,9 @@ INTERRUPTS = [
     ("demo-in-the-plot-after-the-json", _demo_interrupted_in_the_plot,
      "interrupted after 2 of 2 requests; wrote {d}/demo_plot/demo.json; not written: {d}/demo_plot/p.png"),
     ("calibrate-while-calibrating", _calibrate_interrupted,
-     "interrupted while calibrating on 1 requests; nothing written"),
+     "interrupted while calibrating on 1 + 1 requests; nothing written"),
     ("calibrate-dyllm-while-writing", _calibrate_interrupted_while_writing,
-     "interrupted while calibrating on 1 requests; nothing written"),
+     "interrupted while calibrating on 1 + 1 requests; nothing written"),
 ]
 
 

@@ -100,6 +100,8 @@ BAD_CONFIGS = [
     Bad("gen-from_dict-unknown-key", lambda: G.from_dict({"gen_lenght": 8}), ValueError,
         r"unknown GenerationConfig fields: \['gen_lenght'\]"),
     Bad("gen-from_dict-list", lambda: G.from_dict([8]), TypeError, "must be read from a JSON object"),
+    Bad("seer-slack-negative", lambda: S(slack=-1), ValueError, "slack must be an int >= 0"),
+    Bad("seer-slack-float", lambda: S(slack=1.5), TypeError, "slack must be an int"),
     Bad("seer-gamma-0", lambda: S(gamma=0), ValueError, "gamma must be > 0"),
     Bad("seer-gamma-nan", lambda: S(gamma=NAN), ValueError, "gamma must be > 0"),
     Bad("seer-gamma-inf", lambda: S(gamma=INF), ValueError, "gamma must be > 0 .a finite number"),
