@@ -41,6 +41,7 @@ honoured here and is refused).
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
@@ -157,10 +158,21 @@ def init_data_parallel(device: str | torch.device = "cpu", *, timeout_s: float =
         if not dist.is_initialized():
             dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo",
                                     timeout=timedelta(seconds=float(timeout_s)))
+            # the group we made is torn down before the interpreter's own teardown: left to it, gloo's
+            # threads can die with the process and abort it ("terminate called without an active
+            # exception", exit -6) after every result was written
+            atexit.register(_destroy_process_group)
         if (dist.get_rank(), dist.get_world_size()) != (ranks.rank, ranks.world_size):
             raise RuntimeError(f"the process group has rank {dist.get_rank()} of {dist.get_world_size()}, the "
                                f"environment says RANK={ranks.rank} WORLD_SIZE={ranks.world_size}")
     return ranks, dev
+
+
+def _destroy_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def all_gather_objects(obj, ranks: Ranks) -> list:
