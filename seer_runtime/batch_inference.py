@@ -49,7 +49,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from pathlib import Path
 
@@ -251,7 +251,8 @@ def read_run_requests(path: str | Path) -> list[RunRequest]:
 class Speed:
     """What a rank decoded: answer tokens, forward passes (summed over batches), requests, the
     seconds spent in ``generate`` and the work (``GenerationStats.positions_computed``: positions x
-    layers, DyLLM's reused rows not counted)."""
+    layers, DyLLM's reused rows not counted). The harnesses' ``Speed`` adds a field; ``add`` and
+    ``combined`` treat every field alike."""
 
     tokens: int = 0
     nfe: int = 0
@@ -259,11 +260,19 @@ class Speed:
     wall_s: float = 0.0
     positions_computed: int = 0
 
-    @staticmethod
-    def combined(parts: Sequence[Speed]) -> Speed:
+    def add(self, other: Speed) -> None:
+        """``other``'s figures after this one's, on the same rank: everything added, the time too."""
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    @classmethod
+    def combined(cls, parts: Sequence[Speed]) -> Speed:
         """Ranks' figures together: counts added, the wall time of the slowest rank."""
-        return Speed(sum(p.tokens for p in parts), sum(p.nfe for p in parts), sum(p.requests for p in parts),
-                     max((p.wall_s for p in parts), default=0.0), sum(p.positions_computed for p in parts))
+        total = cls()
+        for f in fields(cls):
+            values = [getattr(p, f.name) for p in parts]
+            setattr(total, f.name, max(values, default=0.0) if f.name == "wall_s" else sum(values))
+        return total
 
     @property
     def tok_per_s(self) -> float:
@@ -421,8 +430,9 @@ class BatchDecoder:
             parts.append(speed)
             for p, record in zip(batch, records):
                 by_index[id(p)] = record
-        total = Speed(sum(s.tokens for s in parts), sum(s.nfe for s in parts), sum(s.requests for s in parts),
-                      sum(s.wall_s for s in parts), sum(s.positions_computed for s in parts))
+        total = Speed()
+        for speed in parts:  # batches one after another: their times add up
+            total.add(speed)
         return [by_index[id(p)] for p in prepared], total
 
 

@@ -94,8 +94,7 @@ class SeerPredictor:
         rows = len(batch["prompt"])
         prepared = self.decoder.prepare([self._request(batch, r) for r in range(rows)])
         records, speed = self.decoder.decode(prepared)
-        for name in ("tokens", "nfe", "requests", "wall_s", "positions_computed"):
-            setattr(self.speed, name, getattr(self.speed, name) + getattr(speed, name))
+        self.speed.add(speed)
         out = dict(batch)
         for key in RESULT_COLUMNS:
             if records and key in records[0]:

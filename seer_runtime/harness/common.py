@@ -31,6 +31,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..batch_inference import DEFAULT_DIST_TIMEOUT_S, all_gather_objects, init_data_parallel, request_seed
+from ..batch_inference import Speed as RunSpeed  # the harnesses add answers cut to max_gen_toks
 from ..config import GenerationConfig
 from ..evaluate import pad_left
 from ..generation import generate
@@ -71,34 +72,12 @@ def fast_dllm_pointer(args: dict) -> str | None:
 
 
 @dataclass
-class Speed:
-    """Totals over ``generate_until`` calls: answer tokens (before the end token), wall seconds of
-    ``generate``, forward passes (NFE, summed over batches), the work (``GenerationStats.
-    positions_computed``: positions x layers, DyLLM's reused rows not counted), requests, and
-    answers cut to the task's ``max_gen_toks``."""
+class Speed(RunSpeed):
+    """Totals over ``generate_until`` calls (:class:`seer_runtime.batch_inference.Speed`'s figures: answer
+    tokens before the end token, forward passes, requests, wall seconds of ``generate``, the work) and
+    the answers cut to the task's ``max_gen_toks``."""
 
-    tokens: int = 0
-    wall_s: float = 0.0
-    nfe: int = 0
-    requests: int = 0
     cut_to_max_gen_toks: int = 0
-    positions_computed: int = 0
-
-    @property
-    def tok_per_s(self) -> float:
-        return self.tokens / self.wall_s if self.wall_s > 0 else 0.0
-
-    def add(self, other: Speed) -> None:
-        for name in ("tokens", "wall_s", "nfe", "requests", "cut_to_max_gen_toks", "positions_computed"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-
-    @staticmethod
-    def combined(parts: list[Speed]) -> Speed:
-        """Ranks' figures of one call together: counts added, the wall time of the slowest rank."""
-        total = Speed(wall_s=max((p.wall_s for p in parts), default=0.0))
-        for name in ("tokens", "nfe", "requests", "cut_to_max_gen_toks", "positions_computed"):
-            setattr(total, name, sum(getattr(p, name) for p in parts))
-        return total
 
     def lines(self) -> list[str]:
         """Fast-dLLM's ``show_speed`` lines, the work figure, and the requests and cut answers."""
