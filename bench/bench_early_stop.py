@@ -21,32 +21,13 @@ Run: ``OMP_NUM_THREADS=2 python -m bench.bench_early_stop --requests 64 --json o
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import time
 
 import torch
 
 from model_adapters.embedded.arith import serving
-from seer_runtime import generate
-from seer_runtime.evaluate import pad_left
-
-
-def decode(model, requests, gen, batch_size: int, **kwargs) -> dict:
-    """Every request in batches of ``batch_size``: answers, steps per request, work, wall time."""
-    out = {"answers": [], "steps": [], "steps_saved": [], "positions_computed": 0, "nfe": 0, "wall_s": 0.0}
-    for start in range(0, len(requests), batch_size):
-        part = requests[start: start + batch_size]
-        ids, mask = pad_left([r.prompt_ids for r in part], model.token_ids.pad)
-        t0 = time.perf_counter()
-        res = generate(model, ids, attention_mask=mask, gen=gen, **kwargs)
-        out["wall_s"] += time.perf_counter() - t0
-        out["answers"] += [res.answer_ids(i) for i in range(len(part))]
-        out["steps"] += res.stats.steps
-        out["steps_saved"] += res.stats.steps_saved
-        out["positions_computed"] += res.stats.positions_computed
-        out["nfe"] += res.stats.nfe
-    return out
+from seer_runtime.evaluate import run_requests
+from seer_runtime.files import write_json
 
 
 def configurations(gen) -> dict:
@@ -77,22 +58,23 @@ def main(argv=None) -> dict:
             runs = {False: [], True: []}
             for _ in range(args.repeats):
                 for early in (False, True):  # alternated: the machine's drift hits both alike
-                    runs[early].append(decode(model, requests[:n], g.replace(early_stop=early), batch_size, **kwargs))
+                    runs[early].append(run_requests(model, requests[:n], g.replace(early_stop=early),
+                                                    batch_size=batch_size, **kwargs))
             off, on = runs[False][0], runs[True][0]
-            acc_off = serving.answer_figures(requests[:n], off["answers"], tok)["exact_match"]
-            acc_on = serving.answer_figures(requests[:n], on["answers"], tok)["exact_match"]
-            wall_off = statistics.median(r["wall_s"] for r in runs[False])
-            wall_on = statistics.median(r["wall_s"] for r in runs[True])
+            acc_off = serving.answer_figures(requests[:n], off.answers, tok)["exact_match"]
+            acc_on = serving.answer_figures(requests[:n], on.answers, tok)["exact_match"]
+            wall_off = statistics.median(r.wall_s for r in runs[False])
+            wall_on = statistics.median(r.wall_s for r in runs[True])
             row = {"config": name, "batch": batch_size, "requests": n,
-                   "forwards_per_request": [statistics.mean(off["steps"]), statistics.mean(on["steps"])],
-                   "ideal_forwards": statistics.mean(off["steps"]) / statistics.mean(on["steps"]),
-                   "ideal_work": off["positions_computed"] / on["positions_computed"],
-                   "batch_forwards": [off["nfe"], on["nfe"]],
+                   "forwards_per_request": [statistics.mean(off.steps), statistics.mean(on.steps)],
+                   "ideal_forwards": statistics.mean(off.steps) / statistics.mean(on.steps),
+                   "ideal_work": off.positions_computed / on.positions_computed,
+                   "batch_forwards": [sum(off.nfe), sum(on.nfe)],
                    "wall_s": [wall_off, wall_on], "measured": wall_off / wall_on,
-                   "wall_spread": [[round(r["wall_s"], 2) for r in runs[e]] for e in (False, True)],
+                   "wall_spread": [[round(r.wall_s, 2) for r in runs[e]] for e in (False, True)],
                    "accuracy": [acc_off, acc_on],
-                   "answers_differ": sum(a != b for a, b in zip(off["answers"], on["answers"])),
-                   "stopped_early": sum(s > 0 for s in on["steps_saved"])}
+                   "answers_differ": sum(a != b for a, b in zip(off.answers, on.answers)),
+                   "stopped_early": sum(s > 0 for s in on.steps_saved)}
             rows.append(row)
             print(f"{name:28s} batch {batch_size:2d} x{n}: forwards/request {row['forwards_per_request'][0]:.1f} -> "
                   f"{row['forwards_per_request'][1]:.1f} (ideal x{row['ideal_forwards']:.2f}; "
@@ -102,8 +84,7 @@ def main(argv=None) -> dict:
                   f"{row['stopped_early']} stopped early", flush=True)
     result = {"threads": torch.get_num_threads(), "rows": rows}
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+        write_json(args.json, result, indent=1)
     return result
 
 

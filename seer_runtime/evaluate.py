@@ -28,6 +28,8 @@ class Request:
 @dataclass
 class RunResult:
     """Per-request answers and the run's totals. ``answers[i]``: ids before the first end token;
+    ``steps[i]`` / ``steps_saved[i]``: the denoising steps request ``i`` ran and those early stop
+    saved it (``GenerationStats``); ``nfe``: per batch;
     ``positions_computed`` / ``positions_computed_dense``: ``GenerationStats``' work figures summed
     over the batches (equal without DyLLM)."""
 
@@ -37,6 +39,8 @@ class RunResult:
     wall_s: float = 0.0
     batch_wall_s: list[float] = field(default_factory=list)
     nfe: list[int] = field(default_factory=list)
+    steps: list[int] = field(default_factory=list)
+    steps_saved: list[int] = field(default_factory=list)
     positions_computed: int = 0
     positions_computed_dense: int = 0
     seer: dict = field(default_factory=dict)
@@ -118,6 +122,8 @@ def run_requests(model, requests: list[Request], gen: GenerationConfig, *, seer=
         result.nfe.append(out.stats.nfe)
         result.positions_computed += out.stats.positions_computed
         result.positions_computed_dense += out.stats.positions_computed_dense
+        result.steps += out.stats.steps
+        result.steps_saved += out.stats.steps_saved
         for i in range(len(batch)):
             result.answers.append(out.answer_ids(i))
             result.end_positions.append(int(out.end_positions[i]))

@@ -122,3 +122,20 @@ def test_a_complete_answer_is_recognised_on_the_device():
 def test_early_stop_must_be_a_bool():
     with pytest.raises(TypeError, match="early_stop must be a bool"):
         GenerationConfig(early_stop=1)
+
+
+def test_run_requests_keeps_each_requests_steps_and_steps_saved():
+    """``RunResult.steps`` / ``steps_saved``: per request, in request order, over batches."""
+    from seer_runtime.evaluate import Request, run_requests
+
+    model = ending_model("llada-8b-instruct")
+    ids, mask, _ = batch(model)
+    prompts = [row[m.bool()].tolist() if m is not None else row.tolist()
+               for row, m in zip(ids, mask if mask is not None else [None] * len(ids))]
+    requests = [Request(p, None, None) for p in prompts]
+    gen, _ = modes(model)["baseline"]
+    full = run_requests(model, requests, gen, batch_size=3, graphs=None)
+    early = run_requests(model, requests, gen.replace(early_stop=True), batch_size=3, graphs=None)
+    assert early.answers == full.answers and len(early.steps) == len(requests) == len(early.steps_saved)
+    assert full.steps_saved == [0] * len(requests) and any(early.steps_saved)
+    assert [s + d for s, d in zip(early.steps, early.steps_saved)] == full.steps
