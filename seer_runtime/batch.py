@@ -90,10 +90,16 @@ def is_end_token(window: torch.Tensor, end_ids: tuple[int, ...]) -> torch.Tensor
     return is_end
 
 
+def first_true(hits: torch.Tensor) -> torch.Tensor:
+    """Per row of bool ``hits [R, W]``, the first True position, or ``W`` when there is none:
+    int64 ``[R]`` on the device (no read)."""
+    positions = torch.arange(hits.shape[1], device=hits.device)
+    return torch.where(hits, positions, hits.shape[1]).amin(dim=1)
+
+
 def first_end_positions(window: torch.Tensor, end_ids: tuple[int, ...]) -> torch.Tensor:
     """Index of the first token in ``end_ids`` per row of ``window [B, W]``, -1 when absent."""
-    idx = torch.arange(window.shape[1], device=window.device).expand_as(window)
-    first = torch.where(is_end_token(window, end_ids), idx, torch.full_like(idx, window.shape[1])).min(dim=1).values
+    first = first_true(is_end_token(window, end_ids))
     return torch.where(first == window.shape[1], torch.full_like(first, -1), first)
 
 

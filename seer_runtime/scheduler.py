@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .batch import BatchState, is_end_token, read_to_host
+from .batch import BatchState, first_true, is_end_token, read_to_host
 from .commit import CommitRule
 from .profiling import prange
 from .runner import Cut, ModelRunner
@@ -149,11 +149,8 @@ class Scheduler:
         width = state.window.longest(rows)
         window = state.tokens[index, :width]
         live = state.window.live_mask(index, width)
-        positions = torch.arange(width, device=state.device).expand_as(window)
-        beyond = torch.full_like(positions, width)
-        first_mask = torch.where((window == state.token_ids.mask) & live, positions, beyond).amin(dim=1)
-        first_end = torch.where(is_end_token(window, state.token_ids.end_ids) & live, positions, beyond).amin(dim=1)
-        return first_end < first_mask
+        first_mask = first_true((window == state.token_ids.mask) & live)
+        return first_true(is_end_token(window, state.token_ids.end_ids) & live) < first_mask
 
     def end_complete_answers(self, step: int, values: dict[str, list[int]]) -> None:
         """Early stop: the requests whose answer the step completed end after it (module docstring)."""

@@ -33,7 +33,7 @@ import torch
 import seer_kernels
 
 from .adapter import Taps
-from .batch import BatchState, is_end_token, read_to_host
+from .batch import BatchState, first_true, is_end_token, read_to_host
 from .config import StoredConfig, check, check_bool, check_int, check_real
 from .policy import LayerHook, Policy
 from .profiling import prange
@@ -141,8 +141,7 @@ def first_reaching(values: torch.Tensor, threshold: float, live: torch.Tensor | 
     hits = values >= threshold
     if live is not None:
         hits &= live
-    positions = torch.arange(values.shape[1], device=values.device)
-    return torch.where(hits, positions, values.shape[1]).amin(dim=1)
+    return first_true(hits)
 
 
 class SeerPolicy(Policy):
