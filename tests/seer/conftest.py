@@ -7,7 +7,11 @@ import pytest
 import torch
 
 import seer_kernels
+from seer_runtime import GenerationConfig, generate
+from seer_runtime.evaluate import pad_left
 from seer_runtime.runner import ModelRunner
+
+from ..tiny_models import tiny
 
 #: the response window of the scripted tests (the script pads every answer to it with EOS)
 W = 12
@@ -63,3 +67,26 @@ def plant(monkeypatch):
         monkeypatch.setattr(seer_kernels, "snr_boundary", fake)
         return calls
     return _plant
+
+
+#: a left-padded batch of three prompts and the boundaries planted for them (keep 4, 11 and 7)
+MIXED_PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]
+MIXED_KEEPS = [4, 11, 7]
+
+
+def mixed_cuts_batch_and_alone(kind, plant, cfg):
+    """Decode :data:`MIXED_PROMPTS` together with :data:`MIXED_KEEPS` planted, then each alone with
+    its own planted boundary, assert every request's response is the same both ways, and return the
+    batch's output (tiny ``kind`` model, seed 3, window ``W``, stable ties, blocks of 4 on LLaDA,
+    Dream's entropy order)."""
+    model = tiny(kind, seed=3)
+    gen = GenerationConfig(gen_length=W, tie_break="stable", block_length=4 if model.family == "llada" else None,
+                           alg="entropy" if model.family == "dream" else "origin")
+    ids, mask = pad_left(MIXED_PROMPTS, model.token_ids.pad)
+    plant(MIXED_KEEPS)
+    batch = generate(model, ids, attention_mask=mask, gen=gen, seer=cfg)
+    for r, p in enumerate(MIXED_PROMPTS):
+        plant([MIXED_KEEPS[r]])
+        alone = generate(model, torch.tensor([p]), gen=gen, seer=cfg)
+        assert batch.responses[r].tolist() == alone.responses[0].tolist(), f"request {r}"
+    return batch

@@ -9,14 +9,12 @@ import torch
 
 import seer_kernels
 from seer_runtime import GenerationConfig, LayerHook, Policy, generate
-from seer_runtime.evaluate import pad_left
 from seer_runtime.seer import SeerConfig
 
 from ..tiny_models import tiny
+from .conftest import W, mixed_cuts_batch_and_alone
 
 pytestmark = [pytest.mark.seer]
-
-W = 12
 
 
 class LayerInputs(Policy):
@@ -105,19 +103,7 @@ def test_end_probability_probe_and_the_combination(plant, scripted):
 @pytest.mark.usefixtures("reference_kernels")
 @pytest.mark.parametrize("kind", ["llada-8b-instruct", "lavida-llada", "dream-v0-instruct-7b", "lavida-dream"])
 def test_batch_with_mixed_cuts_gives_each_request_what_it_gets_alone(kind, plant):
-    model = tiny(kind, seed=3)
-    prompts = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]
-    keeps = [4, 11, 7]
-    gen = GenerationConfig(gen_length=W, tie_break="stable", block_length=4 if model.family == "llada" else None,
-                           alg="entropy" if model.family == "dream" else "origin")
-    ids, mask = pad_left(prompts, model.token_ids.pad)
-    cfg = SeerConfig(probe_layer=1, guard=False)
-    plant(keeps)
-    batch = generate(model, ids, attention_mask=mask, gen=gen, seer=cfg)
-    for r, p in enumerate(prompts):
-        plant([keeps[r]])
-        alone = generate(model, torch.tensor([p]), gen=gen, seer=cfg)
-        assert batch.responses[r].tolist() == alone.responses[0].tolist(), f"request {r}"
+    mixed_cuts_batch_and_alone(kind, plant, SeerConfig(probe_layer=1, guard=False))
 
 
 def test_seer_through_the_triton_kernels_in_the_interpreter():

@@ -8,11 +8,10 @@ import pytest
 import torch
 
 from seer_runtime import GenerationConfig, generate
-from seer_runtime.evaluate import pad_left
 from seer_runtime.seer import SeerConfig
 
 from ..tiny_models import tiny
-from .conftest import W
+from .conftest import W, mixed_cuts_batch_and_alone
 
 pytestmark = [pytest.mark.seer]
 
@@ -89,20 +88,8 @@ def test_the_guard_still_recovers_an_answer_cut_inside_the_slack(mode, plant, sc
 @pytest.mark.usefixtures("reference_kernels")
 @pytest.mark.parametrize("kind", ["llada-8b-instruct", "dream-v0-instruct-7b"])
 def test_slack_in_a_batch_gives_each_request_what_it_gets_alone(kind, plant):
-    model = tiny(kind, seed=3)
-    prompts = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]
-    keeps = [4, 11, 7]
-    gen = GenerationConfig(gen_length=W, tie_break="stable", block_length=4 if model.family == "llada" else None,
-                           alg="entropy" if model.family == "dream" else "origin")
-    ids, mask = pad_left(prompts, model.token_ids.pad)
-    cfg = SeerConfig(probe_layer=1, guard=False, slack=2)
-    plant(keeps)
-    batch = generate(model, ids, attention_mask=mask, gen=gen, seer=cfg)
+    batch = mixed_cuts_batch_and_alone(kind, plant, SeerConfig(probe_layer=1, guard=False, slack=2))
     assert batch.stats.extra["seer"]["keep_len"] == [6, W, 9]
-    for r, p in enumerate(prompts):
-        plant([keeps[r]])
-        alone = generate(model, torch.tensor([p]), gen=gen, seer=cfg)
-        assert batch.responses[r].tolist() == alone.responses[0].tolist(), f"request {r}"
 
 
 @pytest.mark.usefixtures("reference_kernels")
