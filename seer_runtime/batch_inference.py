@@ -574,6 +574,30 @@ def check_output(input_path: Path, output: Path, *, overwrite: bool) -> None:
         raise ValueError(f"--output {output} exists: pass --overwrite to replace it")
 
 
+def _this_ranks_share(decoder: BatchDecoder, requests: Sequence[RunRequest], output: Path, fingerprint: dict,
+                      ranks: Ranks) -> tuple[dict, list[Prepared]]:
+    """The answers the part files of ``output`` already hold and this rank's share of the rest,
+    prepared. Every rank reads and prepares before any decodes, and all agree: an error on any
+    rank is raised on every rank; ranks that read different parts raise ``RuntimeError``."""
+    error, prepared, done = None, [], {}
+    try:
+        done = read_parts(output, requests, fingerprint)
+        # the rest shared evenly (after a resume the earlier shares may be far from even)
+        mine = [r for r in requests if r.line not in done][ranks.rank::ranks.world_size]
+        prepared = decoder.prepare(mine)
+    except ValueError as exc:
+        error = str(exc)
+    seen = line_digest(json.dumps(sorted(done)))
+    gathered = all_gather_objects((error, seen), ranks)  # every read happens before this, every write after
+    errors = [e for e, _ in gathered if e is not None]
+    if errors:
+        raise ValueError(errors[0])
+    if len({d for _, d in gathered}) > 1:
+        raise RuntimeError(f"the ranks read different answers from {parts_folder(output)} (is another run writing "
+                           "there?): nothing was decoded")
+    return done, prepared
+
+
 def run_file(decoder: BatchDecoder, input_path: str | Path, output: str | Path, *, ranks: Ranks | None = None,
              requests: Sequence[RunRequest] | None = None, overwrite: bool = False,
              progress: bool = True, command=None) -> RunSummary:
@@ -591,22 +615,7 @@ def run_file(decoder: BatchDecoder, input_path: str | Path, output: str | Path, 
     requests = read_run_requests(input_path) if requests is None else list(requests)
     check_output(input_path, output, overwrite=overwrite)
     fingerprint = decoder.fingerprint()
-    error, prepared, done = None, [], {}
-    try:
-        done = read_parts(output, requests, fingerprint)
-        # the rest shared evenly (after a resume the earlier shares may be far from even)
-        mine = [r for r in requests if r.line not in done][ranks.rank::ranks.world_size]
-        prepared = decoder.prepare(mine)
-    except ValueError as exc:
-        error = str(exc)
-    seen = line_digest(json.dumps(sorted(done)))
-    gathered = all_gather_objects((error, seen), ranks)  # every read happens before this, every write after
-    errors = [e for e, _ in gathered if e is not None]
-    if errors:
-        raise ValueError(errors[0])
-    if len({d for _, d in gathered}) > 1:
-        raise RuntimeError(f"the ranks read different answers from {parts_folder(output)} (is another run writing "
-                           "there?): nothing was decoded")
+    done, prepared = _this_ranks_share(decoder, requests, output, fingerprint, ranks)
     resumed = len(done)
     if ranks.is_main:
         print(f"[seer run] {len(requests)} requests in {input_path}; {resumed} answered in earlier parts; "
@@ -626,8 +635,7 @@ def run_file(decoder: BatchDecoder, input_path: str | Path, output: str | Path, 
                 command.advance(len(batch))
                 if str(writer.path) not in command.written:
                     command.wrote(writer.path)
-            for name in ("tokens", "nfe", "requests", "wall_s", "positions_computed"):
-                setattr(mine_speed, name, getattr(mine_speed, name) + getattr(speed, name))
+            mine_speed.add(speed)
             bar.update(len(batch))
     finally:
         bar.close()

@@ -132,6 +132,25 @@ class PaddedLayouts:
         pass
 
 
+def add_unconditional_copy(fwd: Forward, mask_embed: torch.Tensor) -> None:
+    """Classifier-free guidance: ``fwd``'s rows followed by their unconditional copy (every prompt
+    position, pads too, replaced by ``mask_embed``, as LLaDA's generator does); ``fwd.cfg`` set."""
+    uncond = fwd.hidden.clone()
+    uncond[:, : fwd.offset] = mask_embed
+    fwd.hidden = torch.cat([fwd.hidden, uncond], dim=0)
+    layout = fwd.layout
+    fwd.layout = PaddedLayout(torch.cat([layout.positions] * 2),
+                              None if layout.key_mask is None else torch.cat([layout.key_mask] * 2))
+    fwd.cfg = True
+
+
+def combine_guidance(logits: torch.Tensor, cfg_scale: float) -> torch.Tensor:
+    """``[2B, ...]`` logits (conditional rows, then their unconditional copies) -> ``[B, ...]``:
+    ``uncond + (cfg_scale + 1) * (cond - uncond)``."""
+    cond, uncond = logits.chunk(2, dim=0)
+    return uncond + (cfg_scale + 1) * (cond - uncond)
+
+
 class ModelRunner:
     """Runs the forwards of one ``generate`` call (module docstring) on ``model`` for ``state``:
     ``policies`` in their composed order, ``layouts`` (how a step's rows are laid out), ``graphs``."""
@@ -296,7 +315,8 @@ class ModelRunner:
         logits = self.window_logits(fwd) if fwd.head is None else fwd.head(fwd)
         if self.finite is not None:
             self.finite.logits(logits)
-        logits = self.combine_guidance(logits, fwd.cfg)
+        if fwd.cfg:
+            logits = combine_guidance(logits, self.state.gen.cfg_scale)
         return logits if fwd.keep is None else logits[:, : fwd.keep]
 
     def lay_out(self, fwd: Forward) -> None:
@@ -324,23 +344,7 @@ class ModelRunner:
             fwd.prefix, fwd.offset = None, state.prompt_len
             fwd.layout = PaddedLayout(state.positions[index, : state.prompt_len + width], key_mask)
         if state.gen.cfg_scale > 0:
-            self._add_guidance(fwd)
-
-    def _add_guidance(self, fwd: Forward) -> None:
-        """Classifier-free guidance: append the unconditional copy (every prompt position masked)."""
-        uncond = fwd.hidden.clone()
-        uncond[:, : fwd.offset] = self.mask_embed  # LLaDA masks every prompt position (pads too)
-        fwd.hidden = torch.cat([fwd.hidden, uncond], dim=0)
-        layout = fwd.layout
-        fwd.layout = PaddedLayout(torch.cat([layout.positions] * 2),
-                                  None if layout.key_mask is None else torch.cat([layout.key_mask] * 2))
-        fwd.cfg = True
-
-    def combine_guidance(self, logits: torch.Tensor, cfg: bool) -> torch.Tensor:
-        if not cfg:
-            return logits
-        cond, uncond = logits.chunk(2, dim=0)
-        return uncond + (self.state.gen.cfg_scale + 1) * (cond - uncond)
+            add_unconditional_copy(fwd, self.mask_embed)
 
     def run_layers(self, fwd: Forward) -> None:
         """The layer loop with the layer hooks of the policies (``Policy.layers``) and the layout."""
