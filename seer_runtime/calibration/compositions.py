@@ -85,6 +85,8 @@ class Composition:
             out.append(f"--threshold {self.gen.threshold:g}")
         if self.gen.block_cache is not None:
             out.append(f"--block-cache {self.gen.block_cache}")
+        if self.gen.early_stop:
+            out.append("--early-stop")
         if self.seer is not None:
             out.append(f"--seer {seer_file or 'SEER.json'}")
         if self.dyllm is not None:

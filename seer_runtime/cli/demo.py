@@ -16,6 +16,8 @@ in turn, so that all see the same machine load (``calibration.compositions``):
   block cache). By default the thresholds given and the dual cache; ``--search`` tries
   thresholds 0.7 0.8 0.9 0.95 and both caches.
 
+``--early-stop`` decodes every configuration, the baseline too, with
+``GenerationConfig(early_stop=True)`` (answers unchanged; on arith about x1.7 fewer forwards).
 ``--only`` decodes some of them (the shipped Seer probe always runs: its row feeds the plot).
 Then the configurations that keep the baseline's accuracy are decoded ``--repeats`` - 1 more
 times, alternating, to time them, and the fastest of those by median wall time is recommended.
@@ -148,6 +150,10 @@ def add_parsers(sub) -> None:
     p.add_argument("--search", action="store_true",
                    help=f"search wider: thresholds {' '.join(map(str, SEARCH_THRESHOLDS))} (and --thresholds), "
                         "the prefix and the dual block cache")
+    p.add_argument("--early-stop", action="store_true",
+                   help="every configuration (the baseline too) ends a request on the step that commits its end "
+                        "token with every earlier position committed: answers unchanged, fewer forwards on long-"
+                        "answer workloads (arith); default: every planned step runs")
     p.add_argument("--repeats", type=positive_int, default=3,
                    help="timed passes of the configurations that keep the baseline's accuracy (the first pass, "
                         "which every configuration runs, counts as one; default 3; 1: no extra pass)")
@@ -185,6 +191,8 @@ def main(args) -> int:
     emb = svc.embedded(args.workload)
     shipped = emb.default_seer_config()
     gen = emb.demo_generation_config()
+    if args.early_stop:
+        gen = gen.replace(early_stop=True)
     plans = plans_of(gen, shipped, emb.default_dyllm_config(), thresholds=args.thresholds, search=args.search)
     shipped_probe = f"seer:{shipped.probe}"
     if args.only is not None:  # before the model loads
@@ -203,7 +211,8 @@ def main(args) -> int:
     requests, _tasks = emb.demo_requests(n, tokenizer)
     params = sum(p.numel() for p in model.parameters())
     print(f"embedded {args.workload} model: {emb.DESCRIPTION} ({params:,} parameters), {n} held-out requests, "
-          f"batch {bs}, window {gen.gen_length}, {len(plans)} configurations beside the baseline, "
+          f"batch {bs}, window {gen.gen_length}{', early stop' if gen.early_stop else ''}, {len(plans)} "
+          f"configurations beside the baseline, "
           f"{torch.get_num_threads()} threads", file=sys.stderr)
     progress.start(len(requests))
 
@@ -236,6 +245,7 @@ def main(args) -> int:
         "batch_size": bs,
         "window": gen.gen_length,
         "block_length": gen.block_length,
+        "early_stop": gen.early_stop,
         "thresholds": sorted(set(args.thresholds)),
         "repeats": args.repeats,
         "rule": "equal accuracy: exact match at most max_drop below the baseline's and no significant loss "
@@ -276,7 +286,8 @@ def _recommendation(name: str, plans: dict[str, Composition], figures: dict, gen
     """The recommended configuration in its JSON form, how to run it, and how it compares with the other
     configurations that keep the baseline's accuracy (median wall times; ideal ratios beside)."""
     if name == "baseline":
-        out = {"name": name, "generation": {}, "seer": None, "dyllm": None, "options": ""}
+        out = {"name": name, "generation": {}, "seer": None, "dyllm": None,
+               "options": "--early-stop" if gen.early_stop else ""}
     else:
         plan = plans[name]
         out = {**plan.describe(gen), "options": plan.options(seer_file=str(emb.SEER_CONFIG_FILE),

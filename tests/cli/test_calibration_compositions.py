@@ -97,6 +97,9 @@ def test_the_grid_names_every_composition_once_and_never_dyllm_with_a_block_cach
     form = c.describe(gen)
     assert form["generation"] == {"steps": None, "threshold": 0.9, "block_cache": "dual"} and form["dyllm"] is None
     assert c.options(seer_file="s.json") == "--threshold 0.9 --block-cache dual --seer s.json"
+    stopping = next(c for c in search_grid(gen.replace(early_stop=True), seer=None, dyllm=None, thresholds=(0.9,),
+                                           block_caches=(None,)))
+    assert stopping.options() == "--threshold 0.9 --early-stop"
 
 
 def row(wall, keeps=True, **extra):

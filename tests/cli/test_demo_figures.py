@@ -94,3 +94,21 @@ def test_an_unknown_only_name_is_refused_before_the_model_loads(capsys, monkeypa
     assert main(["demo", "--workload", "arith", "--requests", "2", "--only", "seer:nonsense"]) == 2
     assert "seer demo: error: --only: unknown configuration(s) ['seer:nonsense']" in capsys.readouterr().err
     assert main(["demo", "--workload", "arith", "--only", "seer+threshold:0.8"]) == 2  # 0.8 is not in --thresholds
+
+
+@pytest.mark.usefixtures("reference_kernels")
+def test_early_stop_decodes_every_configuration_with_fewer_forwards(tmp_path):
+    """``seer demo --early-stop``: the baseline and every row end each request at its end token (on
+    arith an answer of at most 120 tokens in a 128-position window: fewer forwards than one per
+    position), the figures say so, and the recommendation's options carry the flag."""
+    from model_adapters.embedded.arith import RESPONSE_WINDOW
+    from seer_runtime.cli import main
+
+    out = tmp_path / "demo.json"
+    assert main(["demo", "--workload", "arith", "--requests", "2", "--batch-size", "2", "--only", "threshold:0.9",
+                 "--repeats", "1", "--early-stop", "--json", str(out)]) == 0
+    fig = json.loads(out.read_text())
+    assert fig["early_stop"] is True
+    assert fig["baseline"]["nfe"] < RESPONSE_WINDOW + 1  # the prefill, then one step per token until the end
+    rec = fig["recommended"]
+    assert "--early-stop" in rec["options"]
