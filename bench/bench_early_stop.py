@@ -52,11 +52,15 @@ def configurations(gen) -> dict:
     }
 
 
+def exact_match(requests, answers, tok) -> float:
+    """The arith workload's final-answer accuracy of ``answers`` (``serving.answer_figures``)."""
+    return serving.answer_figures(requests, answers, tok)["exact_match"]
+
+
 def row_of(name: str, batch_size: int, requests, runs: dict, tok) -> dict:
     """One configuration's figures without (``runs[False]``) and with (``runs[True]``) early stop."""
     off, on = runs[False][0], runs[True][0]
-    acc_off = serving.answer_figures(requests, off.answers, tok)["exact_match"]
-    acc_on = serving.answer_figures(requests, on.answers, tok)["exact_match"]
+    acc_off, acc_on = exact_match(requests, off.answers, tok), exact_match(requests, on.answers, tok)
     wall_off = statistics.median(r.wall_s for r in runs[False])
     wall_on = statistics.median(r.wall_s for r in runs[True])
     return {"config": name, "batch": batch_size, "requests": len(requests),
@@ -76,8 +80,10 @@ def recommended_vs_fast_dllm(batch_size: int, requests, runs: dict, tok) -> dict
     its authors run it (every step): measured wall-time ratio (medians), the ideal (positions
     computed), and the recommended's answers against Fast-dLLM's (paired flips, McNemar's p)."""
     fast, rec = runs[(FAST_DLLM, False)], runs[(RECOMMENDED, True)]
-    fast_right = right_answers(requests, fast[0].answers, lambda r, a: serving.answer_figures(r, a, tok)["exact_match"])
-    rec_right = right_answers(requests, rec[0].answers, lambda r, a: serving.answer_figures(r, a, tok)["exact_match"])
+    def score(reqs, answers):
+        return exact_match(reqs, answers, tok)
+
+    fast_right, rec_right = (right_answers(requests, r[0].answers, score) for r in (fast, rec))
     wall_fast = statistics.median(r.wall_s for r in fast)
     wall_rec = statistics.median(r.wall_s for r in rec)
     return {"batch": batch_size, "requests": len(requests), "wall_s": [wall_fast, wall_rec],

@@ -285,13 +285,9 @@ def main(args) -> int:
 def _recommendation(name: str, plans: dict[str, Composition], figures: dict, gen: GenerationConfig, emb) -> dict:
     """The recommended configuration in its JSON form, how to run it, and how it compares with the other
     configurations that keep the baseline's accuracy (median wall times; ideal ratios beside)."""
-    if name == "baseline":
-        out = {"name": name, "generation": {}, "seer": None, "dyllm": None,
-               "options": "--early-stop" if gen.early_stop else ""}
-    else:
-        plan = plans[name]
-        out = {**plan.describe(gen), "options": plan.options(seer_file=str(emb.SEER_CONFIG_FILE),
-                                                              dyllm_file=str(emb.DYLLM_CONFIG_FILE))}
+    plan = plans[name] if name != "baseline" else Composition("baseline", gen)  # the baseline's options: its gen's
+    out = {**plan.describe(gen), "options": plan.options(seer_file=str(emb.SEER_CONFIG_FILE),
+                                                          dyllm_file=str(emb.DYLLM_CONFIG_FILE))}
     out["figures"] = figures[name]
     out["against"] = [against(figures, name, other) for other, f in figures.items()
                       if other != name and (other == "baseline" or f.get("keeps_accuracy"))]
