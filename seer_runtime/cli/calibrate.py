@@ -29,7 +29,7 @@ import torch
 
 from ..calibration.accuracy import MAX_DROP
 from ..calibration.compositions import against, measure, search_grid
-from ..calibration.dyllm import calibrate_dyllm, check_max_drop
+from ..calibration.dyllm import CONFIRM_TRIES, calibrate_dyllm, check_max_drop
 from ..calibration.seer import calibrate, exact_match
 from ..config import GenerationConfig, check_real
 from ..dyllm import DyLLMConfig
@@ -95,6 +95,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--full-steps", type=positive_int, default=4, help="warm-up steps of every candidate")
     p.add_argument("--prompt-period", type=positive_int, default=4,
                    help="prompt fed every N-th step in every candidate")
+    p.add_argument("--confirm-tries", type=positive_int, default=CONFIRM_TRIES,
+                   help="how many of the choose set's keepers are confirmed, fastest first, until one holds on "
+                        f"the confirm set (default {CONFIRM_TRIES})")
     p.set_defaults(func=cmd_calibrate_dyllm)
 
 
@@ -291,7 +294,8 @@ def cmd_calibrate_dyllm(args: argparse.Namespace) -> int:
     _outputs(args, progress)
     model, choose, confirm, gen, score = load_sets(args, progress)
     out = calibrate_dyllm(model, choose, gen, confirm=confirm, max_drop=args.max_drop, full_steps=args.full_steps,
-                          prompt_period=args.prompt_period, progress=True, score=score)
+                          prompt_period=args.prompt_period, confirm_tries=args.confirm_tries, progress=True,
+                          score=score)
     cfg = out.pop("config")
     cfg.to_json(args.out, calibration=out)
     progress.wrote(args.out)
@@ -300,4 +304,8 @@ def cmd_calibrate_dyllm(args: argparse.Namespace) -> int:
         print(f"seer calibrate-dyllm: no candidate kept the exact match within {args.max_drop} of the "
               f"baseline; {args.out} holds the most accurate one", file=sys.stderr)
         return 1
+    if not out["confirm"]["holds"]:
+        print(f"seer calibrate-dyllm: none of the {len(out['confirm']['tried'])} confirmed choices kept the "
+              f"baseline's accuracy on the confirm set; {args.out} holds the most accurate of them there",
+              file=sys.stderr)
     return 0

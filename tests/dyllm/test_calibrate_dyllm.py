@@ -8,7 +8,14 @@ import pytest
 import torch
 
 from seer_runtime import DyLLMConfig, GenerationConfig
-from seer_runtime.calibration.dyllm import calibrate_dyllm, choose, eligible, ideal_speedup
+from seer_runtime.calibration.dyllm import (
+    calibrate_dyllm,
+    choose,
+    confirm_in_order,
+    eligible,
+    ideal_speedup,
+    ranked_choices,
+)
 from seer_runtime.evaluate import Request
 from tests.tiny_models import tiny
 
@@ -50,6 +57,71 @@ def test_choose_ties_and_edge_cases():
         choose([])
 
 
+def test_ranked_choices_put_the_keepers_fastest_first():
+    slow, fast, lost, tie_later = cand(0.9, 1.9, tau=0.999), cand(0.9, 2.0, tau=0.99), \
+        cand(0.95, 3.0, keeps=False, tau=0.98), cand(0.9, 1.9, tau=0.9975)
+    assert ranked_choices([slow, fast, lost, tie_later]) == ([fast, slow, tie_later], True)
+    assert ranked_choices([lost, {**slow, "keeps_accuracy": False}]) == ([lost], False)  # the most accurate alone
+
+
+def confirm_with(verdicts: dict, baseline: list[bool], ranked: list[dict], **kw):
+    """confirm_in_order with each configuration's confirm-set verdicts from ``verdicts`` (by tau and
+    mode), counting the decodes."""
+    asked = []
+
+    def right_on_confirm(cfg):
+        asked.append((cfg.tau, cfg.attention_mode))
+        return verdicts[(cfg.tau, cfg.attention_mode)]
+
+    chosen, tried = confirm_in_order(ranked, right_on_confirm, baseline, log=lambda line: None, **kw)
+    return chosen, tried, asked
+
+
+def test_confirm_tries_the_keepers_in_order_until_one_holds():
+    """The arith calibration's case: the fastest keeper (key-corrected) loses an answer on the confirm set
+    of 64 (1.6 points), the next (exact attention) keeps them all and is chosen."""
+    base = [True] * 58 + [False] * 6
+    corrected, exact = cand(0.89, 2.04, tau=0.999, key_correction=True), cand(0.89, 1.89, tau=0.999,
+                                                                               approx_attention=False)
+    verdicts = {(0.999, "partial"): [False] + [True] * 57 + [False] * 6,
+                (0.999, "paper"): [True] * 55 + [False] * 9,
+                (0.999, "exact"): [True] * 59 + [False] * 5}
+    chosen, tried, asked = confirm_with(verdicts, base, [corrected, exact])
+    assert chosen["config"] == exact["config"] and chosen["holds"] and chosen["right_answers"] == 59
+    assert [t["holds"] for t in tried] == [False, True] and tried[0]["right_to_wrong"] == 1
+    assert tried[0]["authors_update_right"] == 55  # the key-corrected try is beside the authors' update
+    assert asked == [(0.999, "partial"), (0.999, "paper"), (0.999, "exact")]
+    # the first holds: nothing else is decoded
+    chosen, tried, asked = confirm_with({**verdicts, (0.999, "partial"): base}, base, [corrected, exact])
+    assert chosen["config"] == corrected["config"] and len(tried) == 1 and "exact" not in {m for _, m in asked}
+
+
+def test_confirm_key_correction_must_not_keep_fewer_than_the_authors_update():
+    base = [True] * 50 + [False] * 14
+    corrected, authors = cand(0.9, 2.1, tau=0.98, key_correction=True), cand(0.9, 2.0, tau=0.98)
+    verdicts = {(0.98, "partial"): [True] * 50 + [False] * 14, (0.98, "paper"): [True] * 51 + [False] * 13}
+    chosen, tried, _ = confirm_with(verdicts, base, [corrected, authors])
+    assert not tried[0]["holds"] and tried[0]["keeps_accuracy"]  # keeps the baseline's, not the authors' update's
+    assert chosen["config"] == authors["config"] and chosen["holds"]
+
+
+def test_confirm_when_none_holds_gives_the_most_accurate_tried():
+    base = [True] * 60 + [False] * 4
+    a, b, c, d = (cand(0.9, s, tau=t) for s, t in ((4.0, 0.97), (3.0, 0.98), (2.0, 0.99), (1.0, 0.995)))
+    verdicts = {(0.97, "paper"): [True] * 55 + [False] * 9, (0.98, "paper"): [True] * 57 + [False] * 7,
+                (0.99, "paper"): [True] * 57 + [False] * 7, (0.995, "paper"): base}
+    chosen, tried, asked = confirm_with(verdicts, base, [a, b, c, d])  # three tries by default: d is never decoded
+    assert len(tried) == 3 and not any(t["holds"] for t in tried) and (0.995, "paper") not in asked
+    assert chosen["config"] == b["config"] and not chosen["holds"]  # 57 right; a tie goes to the earlier
+    chosen, tried, _ = confirm_with(verdicts, base, [a, b, c, d], tries=4)
+    assert chosen["config"] == d["config"] and chosen["holds"]
+    for bad in (0, True):
+        with pytest.raises(ValueError, match="tries must be a positive int"):
+            confirm_in_order([a], lambda cfg: base, base, tries=bad)
+    with pytest.raises(ValueError, match="ranked is empty"):
+        confirm_in_order([], lambda cfg: base, base)
+
+
 def test_ideal_speedup_sums_the_batches():
     stats = [{"steps": [{"macs": 10.0, "dense_macs": 10.0}, {"macs": 2.0, "dense_macs": 10.0}]},
              {"steps": [{"macs": 8.0, "dense_macs": 20.0}]}]
@@ -80,7 +152,11 @@ def test_calibrate_on_a_tiny_model(kind, tmp_path):
         assert 0 < c["salient_fraction"] <= 1
     assert out["requests"] == 3 and out["confirm"]["requests"] == 2
     assert out["confirm"]["chosen"]["config"] == out["config"].to_dict()
-    assert out["confirm"]["holds"] == out["confirm"]["chosen"]["keeps_accuracy"]
+    assert out["confirm"]["holds"] == out["confirm"]["chosen"]["holds"]
+    tried = out["confirm"]["tried"]
+    ranked, _ = ranked_choices([{**c, "config": DyLLMConfig.from_dict(c["config"])} for c in out["candidates"]])
+    assert [t["config"] for t in tried] == [c["config"].to_dict() for c in ranked[:len(tried)]]  # in order
+    assert all(not t["holds"] for t in tried[:-1]) and (tried[-1]["holds"] or len(tried) == min(3, len(ranked)))
     assert any("chosen on the choose set" in line for line in logs) and any("confirmed on 2" in line for line in logs)
     out["config"].to_json(tmp_path / "d.json", calibration={k: v for k, v in out.items() if k != "config"})
     assert DyLLMConfig.from_json(tmp_path / "d.json") == out["config"]
@@ -92,6 +168,9 @@ def test_calibrate_on_a_tiny_model(kind, tmp_path):
         calibrate_dyllm(model, [], gen, confirm=confirm)
     with pytest.raises(ValueError, match="confirm is empty"):
         calibrate_dyllm(model, requests, gen, confirm=[])
+    for bad in (0, True, 1.5):
+        with pytest.raises(ValueError, match="confirm_tries must be a positive int"):
+            calibrate_dyllm(model, requests, gen, confirm=confirm, confirm_tries=bad)
     for bad in ((0.99, float("nan")), (0.0,), ("0.9",)):
         with pytest.raises(ValueError, match="taus must hold finite numbers > 0"):
             calibrate_dyllm(model, requests, gen, confirm=confirm, taus=bad)
