@@ -43,7 +43,10 @@ arithmetic step right); besides the baseline's: the accuracy figures above,
 baseline's after the guard), ``completed_differently`` (its end token inside its window, an
 answer the model finished sooner) and ``lost_answers`` (no end token inside its window).
 JSON: every row under ``configurations`` (in table order), the Seer probes also under ``probes``
-and the rest under ``methods``, and the ``recommended`` configuration in its JSON form.
+and the rest under ``methods``, what each row decoded under ``forms`` (its generation fields that
+differ from the baseline's, its Seer and DyLLM configurations), the files those came from under
+``config_files`` (``--model DIR``'s own where it holds them), and the ``recommended`` configuration
+in its JSON form.
 """
 
 from __future__ import annotations
@@ -52,14 +55,17 @@ import json
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 
 from ..calibration.accuracy import MAX_DROP
 from ..calibration.compositions import BLOCK_CACHES, NOISY_SPREAD, Composition, against, measure, search_grid
 from ..config import GenerationConfig
+from ..dyllm import DyLLMConfig
 from ..evaluate import RunResult, boundary_mae
 from ..files import check_output_path, check_plot_path, write_json
+from ..seer import SeerConfig
 from .options import EMBEDDED_WORKLOADS, model_services, path_text, positive_int, progress_of
 
 #: the probes of Seer's rows
@@ -141,7 +147,9 @@ def add_parsers(sub) -> None:
                    help="write a figure (PNG) to this path: the recommended Seer probe's step-0 signal with its cut "
                         "and the true end for four requests, and speed-up beside accuracy per configuration")
     p.add_argument("--model", default=None, type=path_text,
-                   help="a model directory the trainer wrote for this workload")
+                   help="a model directory the trainer wrote for this workload; its own seer_config.json and "
+                        "dyllm_config.json (as seer calibrate and calibrate-dyllm write them) are used when it "
+                        "holds them, else the shipped ones (the run says which)")
     p.add_argument("--only", nargs="+", default=None, metavar="CONFIG",
                    help="decode only these configurations beside the baseline (names as in the table, e.g. "
                         "seer:eos_prob dyllm seer+threshold:0.9+dual); the shipped Seer probe is always decoded")
@@ -189,11 +197,15 @@ def main(args) -> int:
     progress = progress_of(args)
     svc = model_services()
     emb = svc.embedded(args.workload)
-    shipped = emb.default_seer_config()
+    seer_file, dyllm_file = config_files(emb, args.model)
+    shipped = SeerConfig.from_json(seer_file) if seer_file != emb.SEER_CONFIG_FILE else emb.default_seer_config()
+    dyllm = DyLLMConfig.from_json(dyllm_file) if dyllm_file != emb.DYLLM_CONFIG_FILE else emb.default_dyllm_config()
+    if args.model:
+        print(f"configurations: Seer from {seer_file}, DyLLM from {dyllm_file}", file=sys.stderr)
     gen = emb.demo_generation_config()
     if args.early_stop:
         gen = gen.replace(early_stop=True)
-    plans = plans_of(gen, shipped, emb.default_dyllm_config(), thresholds=args.thresholds, search=args.search)
+    plans = plans_of(gen, shipped, dyllm, thresholds=args.thresholds, search=args.search)
     shipped_probe = f"seer:{shipped.probe}"
     if args.only is not None:  # before the model loads
         unknown = sorted(set(args.only) - set(plans))
@@ -231,7 +243,7 @@ def main(args) -> int:
     print(f"\n* recommended: the fastest at equal accuracy (median wall time over its timed passes, among the "
           f"configurations at most {MAX_DROP * 100:g} point below the baseline's exact match with no significant loss "
           f"by McNemar's exact test, p > 0.05); n = {n}")
-    recommendation = _recommendation(recommended, plans, figures, gen, emb)
+    recommendation = _recommendation(recommended, plans, figures, gen, seer_file=seer_file, dyllm_file=dyllm_file)
     _print_recommendation(recommendation, figures, shipped_probe)
     noisy = [name for name, f in figures.items() if f["timing_noisy"]]
     if noisy:
@@ -256,6 +268,8 @@ def main(args) -> int:
         "configurations": {name: f for name, f in figures.items() if name != "baseline"},
         "probes": {name.split(":", 1)[1]: f for name, f in figures.items() if name.startswith("seer:")},
         "methods": {name: f for name, f in figures.items() if name != "baseline" and not name.startswith("seer:")},
+        "forms": {name: plan.describe(gen) for name, plan in plans.items()},  # what each row decoded
+        "config_files": {"seer": str(seer_file), "dyllm": str(dyllm_file)},
         "recommended": recommendation,
         "seer": {**figures[shipped_probe], "config": shipped_probe},
         "speedup": figures[shipped_probe]["speedup"],
@@ -282,12 +296,22 @@ def main(args) -> int:
     return 0
 
 
-def _recommendation(name: str, plans: dict[str, Composition], figures: dict, gen: GenerationConfig, emb) -> dict:
+def config_files(emb, model_dir) -> tuple[Path, Path]:
+    """The Seer and the DyLLM configuration files the demo decodes with: a ``--model`` directory's own
+    ``seer_config.json`` and ``dyllm_config.json`` where it holds them, else the workload's shipped ones
+    (``emb.SEER_CONFIG_FILE``, ``emb.DYLLM_CONFIG_FILE``)."""
+    folder = Path(model_dir) if model_dir else None
+    own = [folder / name if folder is not None and (folder / name).is_file() else None
+           for name in ("seer_config.json", "dyllm_config.json")]
+    return own[0] or emb.SEER_CONFIG_FILE, own[1] or emb.DYLLM_CONFIG_FILE
+
+
+def _recommendation(name: str, plans: dict[str, Composition], figures: dict, gen: GenerationConfig, *,
+                    seer_file, dyllm_file) -> dict:
     """The recommended configuration in its JSON form, how to run it, and how it compares with the other
     configurations that keep the baseline's accuracy (median wall times; ideal ratios beside)."""
     plan = plans[name] if name != "baseline" else Composition("baseline", gen)  # the baseline's options: its gen's
-    out = {**plan.describe(gen), "options": plan.options(seer_file=str(emb.SEER_CONFIG_FILE),
-                                                          dyllm_file=str(emb.DYLLM_CONFIG_FILE))}
+    out = {**plan.describe(gen), "options": plan.options(seer_file=str(seer_file), dyllm_file=str(dyllm_file))}
     out["figures"] = figures[name]
     out["against"] = [against(figures, name, other) for other, f in figures.items()
                       if other != name and (other == "baseline" or f.get("keeps_accuracy"))]

@@ -112,3 +112,34 @@ def test_early_stop_decodes_every_configuration_with_fewer_forwards(tmp_path):
     assert fig["baseline"]["nfe"] < RESPONSE_WINDOW + 1  # the prefill, then one step per token until the end
     rec = fig["recommended"]
     assert "--early-stop" in rec["options"]
+
+
+@pytest.mark.usefixtures("reference_kernels")
+def test_a_model_directory_brings_its_own_configurations(tmp_path, capsys):
+    """``seer demo --model DIR`` decodes with DIR's own seer_config.json and dyllm_config.json when it
+    holds them (a user's calibration of their own weights), else with the shipped ones, and says
+    which; a broken file of its own is refused naming it before the model loads."""
+    import shutil
+
+    from model_adapters.embedded.arith import serving as arith
+    from seer_runtime.cli import main
+    from seer_runtime.cli.demo import config_files
+    from seer_runtime.dyllm import DyLLMConfig
+
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(arith.ARITH_DIR / name, tmp_path / name)
+    assert config_files(arith, tmp_path) == (arith.SEER_CONFIG_FILE, arith.DYLLM_CONFIG_FILE)
+    assert config_files(arith, None) == (arith.SEER_CONFIG_FILE, arith.DYLLM_CONFIG_FILE)
+    own = DyLLMConfig(tau=0.97, approx_attention=False)
+    own.to_json(tmp_path / "dyllm_config.json")
+    assert config_files(arith, tmp_path) == (arith.SEER_CONFIG_FILE, tmp_path / "dyllm_config.json")
+    out = tmp_path / "demo.json"
+    assert main(["demo", "--workload", "arith", "--model", str(tmp_path), "--requests", "2", "--batch-size", "2",
+                 "--only", "dyllm", "--repeats", "1", "--json", str(out)]) == 0
+    assert f"DyLLM from {tmp_path / 'dyllm_config.json'}" in capsys.readouterr().err
+    fig = json.loads(out.read_text())
+    assert fig["forms"]["dyllm"]["dyllm"] == own.to_dict()  # the row decoded with the directory's own file
+    assert fig["config_files"] == {"seer": str(arith.SEER_CONFIG_FILE), "dyllm": str(tmp_path / "dyllm_config.json")}
+    (tmp_path / "dyllm_config.json").write_text("{\"tau\": 0.97, \"full_step\": 4}")
+    assert main(["demo", "--workload", "arith", "--model", str(tmp_path), "--requests", "2", "--only", "dyllm"]) == 2
+    assert "dyllm_config.json" in capsys.readouterr().err
