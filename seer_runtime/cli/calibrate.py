@@ -29,7 +29,7 @@ import torch
 
 from ..calibration.accuracy import MAX_DROP
 from ..calibration.compositions import against, measure, search_grid
-from ..calibration.dyllm import CONFIRM_TRIES, calibrate_dyllm, check_max_drop
+from ..calibration.dyllm import CONFIRM_TRIES, TAU_GRID, calibrate_dyllm, check_max_drop, check_taus
 from ..calibration.seer import calibrate, exact_match
 from ..config import GenerationConfig, check_real
 from ..dyllm import DyLLMConfig
@@ -95,6 +95,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--full-steps", type=positive_int, default=4, help="warm-up steps of every candidate")
     p.add_argument("--prompt-period", type=positive_int, default=4,
                    help="prompt fed every N-th step in every candidate")
+    p.add_argument("--taus", type=float, nargs="+", default=None,
+                   help="the saliency thresholds tried (default: " + " ".join(map(str, TAU_GRID))
+                        + "; the family's default is always added)")
     p.add_argument("--confirm-tries", type=positive_int, default=CONFIRM_TRIES,
                    help="how many of the choose set's keepers are confirmed, fastest first, until one holds on "
                         f"the confirm set (default {CONFIRM_TRIES})")
@@ -289,13 +292,15 @@ def search_compositions(model, choose, confirm, gen, seer, dyllm, *, thresholds,
 
 def cmd_calibrate_dyllm(args: argparse.Namespace) -> int:
     check_max_drop(args.max_drop)  # before the model is loaded
+    if args.taus is not None:
+        check_taus(args.taus, option="--taus")
     DyLLMConfig(full_steps=args.full_steps, prompt_period=args.prompt_period)
     progress = progress_of(args)
     _outputs(args, progress)
     model, choose, confirm, gen, score = load_sets(args, progress)
     out = calibrate_dyllm(model, choose, gen, confirm=confirm, max_drop=args.max_drop, full_steps=args.full_steps,
-                          prompt_period=args.prompt_period, confirm_tries=args.confirm_tries, progress=True,
-                          score=score)
+                          prompt_period=args.prompt_period, taus=args.taus, confirm_tries=args.confirm_tries,
+                          progress=True, score=score)
     cfg = out.pop("config")
     cfg.to_json(args.out, calibration=out)
     progress.wrote(args.out)

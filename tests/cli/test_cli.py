@@ -184,7 +184,7 @@ def test_calibrate_dyllm_a_checkpoint_from_jsonl(tmp_path, capsys):
     assert record["max_drop"] == 0.5 and record["within_tolerance"]
     assert record["confirm"]["holds"] == record["confirm"]["chosen"]["holds"]
     assert 1 <= len(record["confirm"]["tried"]) <= 3 and record["confirm"]["chosen"]["config"] == cfg.to_dict()
-    assert len(record["candidates"]) == 15  # 5 taus (0.99 among them) x 3 attention modes
+    assert len(record["candidates"]) == 18  # 6 taus (0.99 among them) x 3 attention modes
     assert cfg.to_dict() in [c["config"] for c in record["candidates"]]
     rc = main(["generate", "--model", str(ckpt), "--prompt", "w1", "--gen-length", "8", "--dyllm", str(out)])
     assert rc == 0
