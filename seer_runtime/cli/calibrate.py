@@ -91,7 +91,8 @@ def add_parsers(sub) -> None:
                    help="where to write the chosen DyLLMConfig (JSON accepted by `generate --dyllm`)")
     p.add_argument("--max-drop", type=float, default=MAX_DROP,
                    help="largest exact-match loss against the baseline a choice may have (0.01 = one point; with "
-                        "no significant loss by McNemar's exact test)")
+                        "no significant loss by McNemar's exact test, and no larger loss predicted by the answers "
+                        "it changes)")
     p.add_argument("--full-steps", type=positive_int, default=4, help="warm-up steps of every candidate")
     p.add_argument("--prompt-period", type=positive_int, default=4,
                    help="prompt fed every N-th step in every candidate")
@@ -307,7 +308,8 @@ def cmd_calibrate_dyllm(args: argparse.Namespace) -> int:
     print(f"wrote {args.out}: {json.dumps(cfg.to_dict())}")
     if not out["within_tolerance"]:
         print(f"seer calibrate-dyllm: no candidate kept the exact match within {args.max_drop} of the "
-              f"baseline; {args.out} holds the most accurate one", file=sys.stderr)
+              f"baseline (measured and predicted from the answers it changes); {args.out} holds the most "
+              "accurate one", file=sys.stderr)
         return 1
     if not out["confirm"]["holds"]:
         print(f"seer calibrate-dyllm: none of the {len(out['confirm']['tried'])} confirmed choices kept the "

@@ -13,6 +13,7 @@ from seer_runtime.calibration.dyllm import (
     choose,
     confirm_in_order,
     eligible,
+    expected_drops,
     ideal_speedup,
     ranked_choices,
 )
@@ -22,8 +23,9 @@ from tests.tiny_models import tiny
 pytestmark = [pytest.mark.dyllm, pytest.mark.usefixtures("reference_kernels")]
 
 
-def cand(acc, speed, keeps=True, beats=None, **cfg):
-    c = {"accuracy": acc, "ideal_speedup": speed, "keeps_accuracy": keeps, "config": DyLLMConfig(**cfg)}
+def cand(acc, speed, keeps=True, beats=None, changed=0, expected_drop=0.0, **cfg):
+    c = {"accuracy": acc, "ideal_speedup": speed, "keeps_accuracy": keeps, "changed": changed,
+         "expected_drop": expected_drop, "config": DyLLMConfig(**cfg)}
     if beats is not None:
         c["beats_authors_update"] = beats
     return c
@@ -55,6 +57,38 @@ def test_choose_ties_and_edge_cases():
     assert choose([{**a, "keeps_accuracy": False}])[1] is False
     with pytest.raises(ValueError, match="candidates is empty"):
         choose([])
+
+
+def test_expected_drop_pools_the_loss_per_changed_answer():
+    """The arith 128-request choose set's case (bench/records/arith_dyllm_calibration_128x128.json, exact
+    attention): 0.999 and 0.9995 both keep every answer there (0 right->wrong), but 0.999 changes 32 answers
+    against 22, and at the calibration's pooled net loss per changed answer that predicts more than a point."""
+    flips = [(14, 3, 104), (6, 1, 107), (2, 1, 77), (0, 1, 32), (0, 1, 22)]
+    cands = [{"right_to_wrong": a, "wrong_to_right": b, "changed": c} for a, b, c in flips]
+    rate = expected_drops(cands, 128)
+    assert rate == pytest.approx((22 - 7) / 342)
+    assert [c["expected_drop"] for c in cands] == pytest.approx([c * rate / 128 for _, _, c in flips])
+    assert cands[3]["expected_drop"] > 0.01 > cands[4]["expected_drop"]
+    gaining = [{"right_to_wrong": 0, "wrong_to_right": 3, "changed": 5}, {"right_to_wrong": 1, "wrong_to_right": 0,
+                                                                         "changed": 2}]
+    assert expected_drops(gaining, 10) == 0.0 and [c["expected_drop"] for c in gaining] == [0.0, 0.0]
+    unchanged = [{"right_to_wrong": 0, "wrong_to_right": 0, "changed": 0}]
+    assert expected_drops(unchanged, 4) == 0.0 and unchanged[0]["expected_drop"] == 0.0
+    for bad in (0, True, 2.0):
+        with pytest.raises(ValueError, match="requests must be a positive int"):
+            expected_drops(cands, bad)
+
+
+def test_a_keeper_whose_changed_answers_predict_a_loss_is_not_eligible():
+    risky, safe = cand(0.906, 1.89, changed=32, expected_drop=0.0125, tau=0.999, approx_attention=False), \
+        cand(0.906, 1.72, changed=22, expected_drop=0.0086, tau=0.9995, approx_attention=False)
+    assert not eligible(risky) and eligible(safe)
+    assert choose([risky, safe]) == (safe, True)
+    assert choose([risky, safe], max_drop=0.02) == (risky, True)  # a looser tolerance admits the faster
+    # none eligible: the most accurate; a tie goes to the fewer answers changed, not the faster
+    assert choose([risky, {**safe, "expected_drop": 0.011}]) == ({**safe, "expected_drop": 0.011}, False)
+    with pytest.raises(KeyError):
+        eligible({k: v for k, v in safe.items() if k != "expected_drop"})  # not measured: an error, not a pass
 
 
 def test_ranked_choices_put_the_keepers_fastest_first():
@@ -154,6 +188,8 @@ def test_calibrate_on_a_tiny_model(kind, tmp_path):
     assert out["confirm"]["chosen"]["config"] == out["config"].to_dict()
     assert out["confirm"]["holds"] == out["confirm"]["chosen"]["holds"]
     tried = out["confirm"]["tried"]
+    for c in out["candidates"]:
+        assert c["expected_drop"] == pytest.approx(c["changed"] * out["loss_per_change"] / len(requests))
     ranked, _ = ranked_choices([{**c, "config": DyLLMConfig.from_dict(c["config"])} for c in out["candidates"]])
     assert [t["config"] for t in tried] == [c["config"].to_dict() for c in ranked[:len(tried)]]  # in order
     assert all(not t["holds"] for t in tried[:-1]) and (tried[-1]["holds"] or len(tried) == min(3, len(ranked)))

@@ -299,8 +299,9 @@ def test_shipped_seer_config_and_demo_json(tmp_path, reference_kernels):
 
 def test_shipped_dyllm_config_is_the_calibrated_choice():
     """``seer calibrate-dyllm`` wrote each embedded model's shipped DyLLMConfig with every candidate's figures; the
-    choice is the fastest candidate that keeps the baseline's accuracy on the choose set and holds on a disjoint
-    confirm set, the keepers confirmed in order (checked from the record); both sets at least 64 requests."""
+    choice is the fastest candidate that keeps the baseline's accuracy on the choose set (its changed answers
+    predicting no larger loss either) and holds on a disjoint confirm set, the keepers confirmed in order (checked
+    from the record); both sets at least 64 requests."""
     from model_adapters.embedded.arith import serving as arith
     from model_adapters.embedded.serving import DYLLM_CONFIG_FILE, default_dyllm_config
 
@@ -310,12 +311,17 @@ def test_shipped_dyllm_config_is_the_calibrated_choice():
 
 def check_dyllm_record(path, cfg) -> None:
     """The shipped DyLLM choice against its calibration record (shared with the arith model's test)."""
-    from seer_runtime.calibration.dyllm import ranked_choices
+    from seer_runtime.calibration.dyllm import expected_drops, ranked_choices
     from seer_runtime.dyllm import DyLLMConfig
 
     record = json.loads(path.read_text())["calibration"]
     cands = [{**c, "config": DyLLMConfig.from_dict(c["config"])} for c in record["candidates"]]
-    ranked, within = ranked_choices(cands)
+    recorded = [c.get("expected_drop") for c in cands]
+    loss_per_change = expected_drops(cands, record["requests"])  # re-derived from the flips and changes
+    if "loss_per_change" in record:  # records before the expected-drop rule re-derive it here
+        assert loss_per_change == pytest.approx(record["loss_per_change"])
+        assert [c["expected_drop"] for c in cands] == pytest.approx(recorded)
+    ranked, within = ranked_choices(cands, max_drop=record["max_drop"])
     confirm = record["confirm"]
     tried = confirm["tried"]  # the choose set's keepers, fastest first, confirmed until one holds
     assert [DyLLMConfig.from_dict(t["config"]) for t in tried] == [c["config"] for c in ranked[:len(tried)]]
