@@ -311,7 +311,6 @@ def calibrate_dyllm(model, requests: list[Request], gen: GenerationConfig, *, co
         f"{chosen['config'].attention_mode} attention, exact match {chosen['right_answers'] / len(confirm):.3f} vs "
         f"baseline {confirm_acc:.3f} - " + ("it holds there" if held else
                                            f"none of the {len(tried)} tried holds there: the most accurate of them"))
-    by_config = {c["config"]: c for c in candidates}
     return {
         "config": chosen["config"],
         "within_tolerance": within,
