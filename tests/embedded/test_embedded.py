@@ -316,11 +316,10 @@ def check_dyllm_record(path, cfg) -> None:
 
     record = json.loads(path.read_text())["calibration"]
     cands = [{**c, "config": DyLLMConfig.from_dict(c["config"])} for c in record["candidates"]]
-    recorded = [c.get("expected_drop") for c in cands]
+    recorded = [c["expected_drop"] for c in cands]
     loss_per_change = expected_drops(cands, record["requests"])  # re-derived from the flips and changes
-    if "loss_per_change" in record:  # records before the expected-drop rule re-derive it here
-        assert loss_per_change == pytest.approx(record["loss_per_change"])
-        assert [c["expected_drop"] for c in cands] == pytest.approx(recorded)
+    assert loss_per_change == pytest.approx(record["loss_per_change"])
+    assert [c["expected_drop"] for c in cands] == pytest.approx(recorded)
     ranked, within = ranked_choices(cands, max_drop=record["max_drop"])
     confirm = record["confirm"]
     tried = confirm["tried"]  # the choose set's keepers, fastest first, confirmed until one holds
